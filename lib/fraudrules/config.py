@@ -1,0 +1,47 @@
+"""One config object for every entry point: tables as local Delta paths or Unity Catalog names."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+TABLES = ("transactions", "quarantine", "rules", "rule_history", "alerts", "late_events", "batches")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    data_dir: str = "data"
+    catalog: str | None = None  # set both catalog and schema to use Unity Catalog tables
+    schema: str | None = None
+    checkpoint_root: str | None = None
+    shards: int = 16  # state groups of the stateful stage; fixed for the life of a checkpoint
+    shuffle_partitions: int = 2
+    lateness_ms: int = 60_000
+    trigger_seconds: float = 0.0
+    available_now: bool = False
+    max_files_per_trigger: int | None = None
+    transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
+    quiet: bool = False
+
+    @property
+    def uses_catalog(self) -> bool:
+        return bool(self.catalog and self.schema)
+
+    def table(self, name: str) -> str:
+        """Unity Catalog name or local Delta path of a project table."""
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}; tables: {', '.join(TABLES)}")
+        if self.uses_catalog:
+            return f"{self.catalog}.{self.schema}.{name}"
+        return os.path.abspath(os.path.join(self.data_dir, "tables", name))
+
+    def checkpoint(self, query: str) -> str:
+        root = self.checkpoint_root or os.path.join(self.data_dir, "checkpoints")
+        return os.path.abspath(os.path.join(root, query))
+
+    @property
+    def landing(self) -> str:
+        return os.path.abspath(self.transactions_source or os.path.join(self.data_dir, "landing", "transactions"))
+
+    def with_(self, **changes: object) -> JobConfig:
+        return replace(self, **changes)

@@ -1,0 +1,177 @@
+"""One shard's micro-batch: late events out, arrival order in, windows evaluated, state retained.
+
+Pure pandas/numpy; the transformWithState processor (`processor.py`) only moves state in and out.
+Input rows are keyed transactions (one row per transaction × ACTIVE rule, from `keying.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from fraudrules.rules import Rule, parse_rule
+from fraudrules.windowing import Events, Retention, evaluate, retain
+
+# Columns the keyed stream carries into the stateful stage, in order.
+KEYED_COLUMNS = (
+    "shard",
+    "transactionId",
+    "eventTime",
+    "ingestionTimestamp",
+    "srcTime",
+    "srcName",
+    "srcPos",
+    "ruleId",
+    "ruleVersion",
+    "rule",
+    "sig",
+    "key",
+    "val",
+    "uniq",
+    "active",
+    "epoch",
+)
+OUTPUT_SCHEMA = (
+    "kind string, shard int, ruleId long, ruleVersion long, transactionId long, eventTime long, "
+    "ingestionTimestamp long, key string, aggregate string, rule string, watermark long, "
+    "producedAt long, reason string"
+)
+OUTPUT_COLUMNS = tuple(part.strip().split(" ")[0] for part in OUTPUT_SCHEMA.split(","))
+LATE_REASON = "eventTime behind the watermark on arrival"
+
+
+@dataclass
+class Meta:
+    """Per-shard bookkeeping kept beside the retained events."""
+
+    next_seq: int = 0
+    epoch: int = 0
+    active: str = "{}"  # last seen {ruleId: [sig, windowMs]} of the ACTIVE rules
+    timer: int = -1  # registered cleanup timer (event time ms), -1 = none
+
+    def active_rules(self) -> dict[int, tuple[int, int]]:
+        return {int(k): (int(v[0]), int(v[1])) for k, v in json.loads(self.active).items()}
+
+
+@dataclass
+class StepResult:
+    output: pd.DataFrame
+    state: Events
+    meta: Meta
+    next_expiry: int  # event time at which the oldest retained group can be dropped, -1 if none
+
+
+@lru_cache(maxsize=4096)
+def _rule_from_json(text: str, version: int) -> Rule:
+    return parse_rule(json.loads(text)).with_version(version)
+
+
+def retention(active: dict[int, tuple[int, int]], horizon: int) -> Retention:
+    """Per ACTIVE rule: its signature and the event time below which its events are never needed again.
+
+    `horizon` is a lower bound of every future watermark; a non-late event at T ≥ horizon looks back
+    to T − W ≥ horizon − W at most.
+    """
+    return {rid: (sig, horizon - window) for rid, (sig, window) in active.items()}
+
+
+def next_expiry(state: Events, active: dict[int, tuple[int, int]]) -> int:
+    """Smallest watermark at which some group's newest event has left its rule's window."""
+    if len(state) == 0:
+        return -1
+    frame = pd.DataFrame({"rule": state.rule, "t": state.t})
+    newest = frame.groupby("rule")["t"].max()
+    ends = [int(t) + active.get(int(r), (0, 0))[1] + 1 for r, t in newest.items()]
+    return min(ends)
+
+
+def step(
+    batch: pd.DataFrame,
+    state: Events,
+    meta: Meta,
+    watermark: int,
+    lateness_ms: int,
+    shard: int,
+    now_ms: int | None = None,
+) -> StepResult:
+    """Process one shard's rows of one micro-batch."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    batch = batch.sort_values(["eventTime", "srcTime", "srcName", "srcPos", "ruleId"], kind="stable")
+    batch = batch.reset_index(drop=True)
+    epoch = int(batch["epoch"].iloc[0])
+    if epoch > meta.epoch:  # CLEAR_STATE_ALL issued since this shard last ran
+        state, meta = Events.empty(), Meta(next_seq=meta.next_seq, epoch=epoch, timer=meta.timer)
+    meta.active = str(batch["active"].iloc[0])
+    active = meta.active_rules()
+
+    late = batch["eventTime"].to_numpy(np.int64) < watermark if watermark > 0 else np.zeros(len(batch), bool)
+    live = batch[~late].reset_index(drop=True)
+    n = len(live)
+    new = Events(
+        rule=live["ruleId"].to_numpy(np.int64),
+        sig=live["sig"].to_numpy(np.int64),
+        key=live["key"].to_numpy(object),
+        t=live["eventTime"].to_numpy(np.int64),
+        seq=meta.next_seq + np.arange(n, dtype=np.int64),
+        val=live["val"].to_numpy(np.int64),
+        uniq=live["uniq"].to_numpy(np.int64),
+    )
+    rules = {
+        int(r.ruleId): _rule_from_json(r.rule, int(r.ruleVersion))
+        for r in live.drop_duplicates("ruleId")[["ruleId", "ruleVersion", "rule"]].itertuples()
+    }
+    meta.next_seq += n
+
+    horizon = max(watermark, int(batch["eventTime"].max()) - lateness_ms)
+    result = evaluate(state, new, rules, retention(active, horizon))
+
+    fired = live.iloc[result.fired.index]
+    alerts = pd.DataFrame(
+        {
+            "kind": "alert",
+            "shard": shard,
+            "ruleId": fired["ruleId"].to_numpy(np.int64),
+            "ruleVersion": fired["ruleVersion"].to_numpy(np.int64),
+            "transactionId": fired["transactionId"].to_numpy(np.int64),
+            "eventTime": fired["eventTime"].to_numpy(np.int64),
+            "ingestionTimestamp": fired["ingestionTimestamp"].to_numpy(np.int64),
+            "key": fired["key"].to_numpy(object),
+            "aggregate": [str(a) for a in result.fired.aggregates()],
+            "rule": fired["rule"].to_numpy(object),
+            "watermark": watermark,
+            "producedAt": now_ms,
+            "reason": None,
+        }
+    )
+    late_rows = batch[late]
+    lates = pd.DataFrame(
+        {
+            "kind": "late",
+            "shard": shard,
+            "ruleId": late_rows["ruleId"].to_numpy(np.int64),
+            "ruleVersion": late_rows["ruleVersion"].to_numpy(np.int64),
+            "transactionId": late_rows["transactionId"].to_numpy(np.int64),
+            "eventTime": late_rows["eventTime"].to_numpy(np.int64),
+            "ingestionTimestamp": late_rows["ingestionTimestamp"].to_numpy(np.int64),
+            "key": late_rows["key"].to_numpy(object),
+            "aggregate": None,
+            "rule": late_rows["rule"].to_numpy(object),
+            "watermark": watermark,
+            "producedAt": now_ms,
+            "reason": LATE_REASON,
+        }
+    )
+    output = pd.concat([alerts, lates], ignore_index=True)[list(OUTPUT_COLUMNS)]
+    return StepResult(output, result.state, meta, next_expiry(result.state, active))
+
+
+def expire(state: Events, meta: Meta, watermark: int) -> tuple[Events, int]:
+    """Timer path: drop what the watermark has passed, using the rules last seen by this shard."""
+    active = meta.active_rules()
+    kept = state.take(retain(state, retention(active, watermark)))
+    return kept, next_expiry(kept, active)
