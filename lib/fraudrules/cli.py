@@ -1,0 +1,186 @@
+"""`fraudrules` command line: a thin layer over the library."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from importlib import resources
+
+from fraudrules.config import TABLES, JobConfig
+
+SAMPLE_RULES = "sample_rules.json"
+
+
+def _cfg(args: argparse.Namespace, **extra: object) -> JobConfig:
+    return JobConfig(
+        data_dir=args.data_dir,
+        shards=args.shards,
+        lateness_ms=args.lateness_ms,
+        shuffle_partitions=args.shuffle_partitions,
+        **extra,
+    )
+
+
+def _rules_path(name_or_path: str | None) -> str:
+    if name_or_path:
+        return name_or_path
+    return str(resources.files("fraudrules").joinpath(SAMPLE_RULES))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fraudrules import job, rulebook, tables
+    from fraudrules.generator import RateWriter, Workload
+    from fraudrules.progress import ProgressPrinter
+    from fraudrules.rules import load_rules_file
+    from fraudrules.session import get_spark
+
+    cfg = _cfg(args, trigger_seconds=args.trigger_seconds)
+    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+    tables.ensure(spark, cfg)
+    if not rulebook.current(spark, cfg):
+        rulebook.upsert(spark, cfg, load_rules_file(_rules_path(args.rules)), author="make run")
+        print(f"loaded rules from {_rules_path(args.rules)}")
+    spark.streams.addListener(ProgressPrinter())
+    running = job.start(spark, cfg)
+    writer = None
+    if args.rate > 0:
+        first_id = int(time.time() * 1000) * 1000  # fresh ids on every start
+        writer = RateWriter(
+            cfg.landing,
+            Workload(count=10**9, seed=first_id % 2**32, first_id=first_id, burst_every=500),
+            rate=args.rate,
+            realtime=True,
+        )
+        writer.start()
+        print(f"generating {args.rate:g} transactions/s into {cfg.landing}")
+    print(f"tables under {os.path.abspath(cfg.data_dir)}/tables; Ctrl-C stops")
+    deadline = time.time() + args.seconds if args.seconds else None
+    try:
+        while all(q.isActive for q in running.queries) and (deadline is None or time.time() < deadline):
+            running.evaluate.awaitTermination(1)
+    except KeyboardInterrupt:
+        print("\nstopping…")
+    finally:
+        if writer:
+            writer.stop()
+        running.stop()
+        failed = [q.exception() for q in running.queries if q.exception()]
+        spark.stop()
+    if failed:
+        print(f"a query failed: {failed[0]}", file=sys.stderr)
+        return 1
+    print("stopped cleanly; run again to resume from the checkpoint")
+    return 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from fraudrules import backtest
+    from fraudrules.rules import RuleError, load_rules_file
+    from fraudrules.session import get_spark
+
+    try:
+        rules = load_rules_file(args.rules)
+    except (RuleError, OSError) as err:
+        print(f"invalid rules: {err}", file=sys.stderr)
+        return 2
+    work = args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-")
+    if args.data_dir is None or args.fresh:
+        shutil.rmtree(work, ignore_errors=True)
+    cfg = _cfg(args).with_(data_dir=work, max_files_per_trigger=args.max_files_per_trigger)
+    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+    result = backtest.run(spark, cfg, args.transactions, rules)
+    n = backtest.write_alerts(spark, cfg, args.out)
+    print(result.summary())
+    print(f"wrote {n} alerts to {args.out} (tables in {work})")
+    spark.stop()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from fraudrules import tables
+    from fraudrules.session import get_spark
+
+    cfg = _cfg(args)
+    spark = get_spark()
+    n = tables.export_jsonl(spark, cfg, args.table, args.out)
+    print(f"wrote {n} rows of {args.table} to {args.out}")
+    spark.stop()
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from fraudrules.generator import Workload, write_jsonl
+
+    wl = Workload(count=args.count, seed=args.seed, payees=args.payees, beneficiaries=args.beneficiaries)
+    n = write_jsonl(args.out, wl.transactions(), per_file=args.per_file)
+    print(f"wrote {n} transactions to {args.out}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from fraudrules import bench
+
+    print(bench.main(args.data_dir, args.mode, args.count, args.rate, args.seconds, args.shards))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fraudrules", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default="data", help="root of the local Delta tables and checkpoints")
+    common.add_argument("--shards", type=int, default=16, help="state groups of the stateful stage")
+    common.add_argument("--shuffle-partitions", type=int, default=2)
+    common.add_argument("--lateness-ms", type=int, default=60_000, help="allowed lateness of the watermark")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", parents=[common], help="run the continuous job on the embedded generator")
+    run.add_argument("--rate", type=float, default=200.0, help="generated transactions per second (0: none)")
+    run.add_argument("--rules", help="rules file loaded into an empty rules table (default: demo rules)")
+    run.add_argument("--trigger-seconds", type=float, default=0.0)
+    run.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
+    run.set_defaults(func=cmd_run)
+
+    bt = sub.add_parser("backtest", parents=[common], help="evaluate rules over files of transactions")
+    bt.add_argument("--transactions", required=True, help="JSON-lines file or folder")
+    bt.add_argument("--rules", required=True, help="JSON list of rules")
+    bt.add_argument("--out", required=True, help="alerts as JSON lines")
+    bt.add_argument("--max-files-per-trigger", type=int, default=None)
+    bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
+    bt.set_defaults(func=cmd_backtest, data_dir=None)
+
+    ex = sub.add_parser("export", parents=[common], help="dump a Delta table as JSON lines")
+    ex.add_argument("table", choices=TABLES)
+    ex.add_argument("--out", required=True)
+    ex.set_defaults(func=cmd_export)
+
+    gen = sub.add_parser("generate", help="write a reproducible workload as JSON-lines files")
+    gen.add_argument("--out", required=True)
+    gen.add_argument("--count", type=int, default=10_000)
+    gen.add_argument("--seed", type=int, default=7)
+    gen.add_argument("--payees", type=int, default=2_000)
+    gen.add_argument("--beneficiaries", type=int, default=500)
+    gen.add_argument("--per-file", type=int, default=5_000)
+    gen.set_defaults(func=cmd_generate)
+
+    be = sub.add_parser("bench", help="throughput and latency benchmark")
+    be.add_argument("--data-dir", default="bench/work")
+    be.add_argument("--mode", choices=["all", "throughput", "latency"], default="all")
+    be.add_argument("--count", type=int, default=200_000)
+    be.add_argument("--rate", type=float, default=1_000.0)
+    be.add_argument("--seconds", type=float, default=60.0)
+    be.add_argument("--shards", type=int, default=16)
+    be.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

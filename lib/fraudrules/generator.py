@@ -1,0 +1,132 @@
+"""Reproducible transaction workloads with injected suspicious patterns, and a rate-controlled writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    count: int = 200_000
+    payees: int = 2_000
+    beneficiaries: int = 500
+    events_per_second: float = 500.0  # density in event time
+    zipf: float = 1.1  # key popularity skew
+    start_ms: int = 1_700_000_000_000
+    seed: int = 7
+    burst_every: int = 2_000  # one injected burst per this many transactions (0 = none)
+    first_id: int = 1
+
+    def transactions(self) -> Iterator[dict]:
+        """Transactions in eventTime order; every `burst_every`, a payee hammers one beneficiary."""
+        rng = np.random.default_rng(self.seed)
+        payee_w = _zipf_weights(self.payees, self.zipf)
+        ben_w = _zipf_weights(self.beneficiaries, self.zipf)
+        gaps = rng.exponential(1000.0 / self.events_per_second, self.count)
+        times = self.start_ms + np.cumsum(gaps).astype(np.int64)
+        payees = rng.choice(self.payees, self.count, p=payee_w) + 1
+        bens = rng.choice(self.beneficiaries, self.count, p=ben_w) + 1
+        cents = np.round(rng.lognormal(8.0, 1.2, self.count)).astype(np.int64) + 1
+        types = np.where(rng.random(self.count) < 0.3, "CSH", "CRD")
+        burst_left, burst = 0, (0, 0)
+        for i in range(self.count):
+            payee, ben, amount = int(payees[i]), int(bens[i]), int(cents[i])
+            if self.burst_every and i % self.burst_every == self.burst_every - 1:
+                burst_left, burst = 8, (payee, ben)
+            if burst_left:  # suspicious: repeated large payments between one pair within seconds
+                payee, ben, amount = burst[0], burst[1], 900_000 + amount
+                burst_left -= 1
+            yield {
+                "transactionId": self.first_id + i,
+                "eventTime": int(times[i]),
+                "payeeId": payee,
+                "beneficiaryId": ben,
+                "paymentAmount": f"{amount // 100}.{amount % 100:02d}",
+                "paymentType": str(types[i]),
+            }
+
+
+def _zipf_weights(n: int, s: float) -> np.ndarray:
+    w = 1.0 / np.arange(1, n + 1) ** s
+    return w / w.sum()
+
+
+def write_jsonl(folder: str, transactions: Iterator[dict], per_file: int = 5_000, prefix: str = "part") -> int:
+    """Write transactions as numbered JSON-lines files (atomic renames); returns how many were written."""
+    os.makedirs(folder, exist_ok=True)
+    n, chunk, index = 0, [], 0
+    for tx in transactions:
+        chunk.append(tx)
+        if len(chunk) == per_file:
+            _write_file(folder, f"{prefix}-{index:06d}.json", chunk)
+            n, chunk, index = n + len(chunk), [], index + 1
+    if chunk:
+        _write_file(folder, f"{prefix}-{index:06d}.json", chunk)
+        n += len(chunk)
+    return n
+
+
+def _write_file(folder: str, name: str, rows: list[dict]) -> None:
+    # Written beside the folder, then renamed in: the file source never sees a half-written file.
+    tmp = os.path.join(os.path.dirname(os.path.abspath(folder)), f".{name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, os.path.join(folder, name))
+
+
+class RateWriter(threading.Thread):
+    """Writes `rate` transactions per second into a landing folder, stamping ingestionTimestamp.
+
+    With `realtime`, eventTime is the wall clock as well (the `make run` demo); otherwise the
+    workload's own event times are kept (benchmarks).
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        workload: Workload,
+        rate: float,
+        tick_s: float = 0.1,
+        realtime: bool = False,
+        limit: int | None = None,
+    ):
+        super().__init__(daemon=True, name="rate-writer")
+        self.folder, self.workload, self.rate, self.tick_s = folder, workload, rate, tick_s
+        self.realtime, self.limit = realtime, limit
+        self.written = 0
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        source = self.workload.transactions()
+        started = time.time()
+        tick = 0
+        while not self._stop.is_set() and (self.limit is None or self.written < self.limit):
+            tick += 1
+            due = int(self.rate * tick * self.tick_s) - self.written
+            if self.limit is not None:
+                due = min(due, self.limit - self.written)
+            rows = []
+            now = int(time.time() * 1000)
+            for tx in source:
+                tx["ingestionTimestamp"] = now
+                if self.realtime:
+                    tx["eventTime"] = now
+                rows.append(tx)
+                if len(rows) >= due:
+                    break
+            if not rows:
+                break
+            _write_file(self.folder, f"rt-{now}-{tick:08d}.json", rows)
+            self.written += len(rows)
+            self._stop.wait(max(0.0, started + tick * self.tick_s - time.time()))
