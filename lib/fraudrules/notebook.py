@@ -1,0 +1,266 @@
+"""What the notebooks share: widget parameters, the job config, a local workload, one streaming query.
+
+On Databricks parameters are notebook widgets (a job's `base_parameters` fill them); elsewhere
+they are the notebook's defaults, each overridable by an environment variable
+`FRAUDRULES_<KEY>` (so a headless run needs no edits to the notebook).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from fraudrules import analysis, backtest, ingest, job, rulebook, tables
+from fraudrules.alerting import AlertSink
+from fraudrules.backtest import BacktestResult
+from fraudrules.config import JobConfig
+from fraudrules.generator import Workload, write_jsonl
+from fraudrules.rules import Rule, load_rules_file, parse_rule
+from fraudrules.session import on_databricks
+
+ENV_PREFIX = "FRAUDRULES_"
+QUERIES = (job.INGEST_QUERY, job.EVALUATE_QUERY)
+SHADOW_OFFSET = 1_000_000  # a candidate rule replays beside the live one under this offset id
+# Records the local workload adds to the landing folder so that the quarantine has something to show.
+INVALID_RECORDS = (
+    "{not json",
+    '{"transactionId": 1, "eventTime": 1, "payeeId": 1, "beneficiaryId": 1, "paymentAmount": "1.00"}',
+    '{"transactionId": 2, "eventTime": 2, "payeeId": 1, "beneficiaryId": 1, "paymentAmount": "1.00",'
+    ' "paymentType": "WIRE"}',
+    '{"transactionId": "x", "eventTime": 3, "payeeId": 1, "beneficiaryId": 1, "paymentAmount": "1.001",'
+    ' "paymentType": "CSH"}',
+)
+
+
+def _dbutils() -> Any:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None and "dbutils" in shell.user_ns:
+            return shell.user_ns["dbutils"]
+    except ImportError:
+        pass
+    from pyspark.dbutils import DBUtils  # type: ignore[import-not-found]  # Databricks runtime only
+
+    return DBUtils(SparkSession.builder.getOrCreate())
+
+
+def params(defaults: Mapping[str, str]) -> dict[str, str]:
+    """The notebook's parameters: widgets on Databricks, defaults overridden by FRAUDRULES_<KEY> elsewhere."""
+    if on_databricks():
+        widgets = _dbutils().widgets
+        for key, value in defaults.items():
+            widgets.text(key, str(value))
+        return {key: widgets.get(key) for key in defaults}
+    return {key: os.environ.get(ENV_PREFIX + key.upper(), str(value)) for key, value in defaults.items()}
+
+
+def flag(value: str | bool | None) -> bool:
+    """A widget's text as a boolean ("true", "1", "yes", "on" are true)."""
+    if isinstance(value, bool):
+        return value
+    return str(value or "").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def _opt(p: Mapping[str, str], key: str) -> str | None:
+    value = str(p.get(key, "") or "").strip()
+    return value or None
+
+
+def config_from(p: Mapping[str, str]) -> JobConfig:
+    """A JobConfig from notebook parameters; absent or empty ones keep JobConfig's defaults."""
+    cfg = JobConfig()
+    changes: dict[str, object] = {}
+    for key in ("data_dir", "catalog", "schema", "checkpoint_root", "transactions_source"):
+        if _opt(p, key) is not None:
+            changes[key] = _opt(p, key)
+    for key in ("shards", "shuffle_partitions", "lateness_ms", "max_files_per_trigger"):
+        if _opt(p, key) is not None:
+            changes[key] = int(str(_opt(p, key)))
+    if _opt(p, "trigger_seconds") is not None:
+        changes["trigger_seconds"] = float(str(_opt(p, "trigger_seconds")))
+    if "available_now" in p:
+        changes["available_now"] = flag(p["available_now"])
+    return cfg.with_(**changes)
+
+
+def sample_rules_path() -> str:
+    return str(resources.files("fraudrules").joinpath("sample_rules.json"))
+
+
+def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[str, int]:
+    """Tables, rules and (when asked) a landing workload, so a notebook also runs on a fresh data dir.
+
+    - tables are created if missing;
+    - an empty rules table gets the rules of `p["rules_file"]` (the sample rules by default);
+    - `p["kafka_bootstrap"]` must be empty: the Kafka source is not part of this version;
+    - with `p["generate"]` true, an empty landing folder gets `p["transactions"]` generated
+      transactions (plus a few invalid records, which the ingest quarantines).
+    """
+    if _opt(p, "kafka_bootstrap"):
+        raise NotImplementedError(
+            "kafka_bootstrap is set, but this version of fraudrules reads transactions from files only "
+            f"({cfg.landing}); leave it empty"
+        )
+    tables.ensure(spark, cfg)
+    loaded = 0
+    if not rulebook.current(spark, cfg):
+        loaded = len(rulebook.upsert(spark, cfg, load_rules_file(_opt(p, "rules_file") or sample_rules_path())))
+    generated = 0
+    if flag(p.get("generate", "false")) and not _has_files(cfg.landing):
+        generated = generate_workload(cfg.landing, int(p.get("transactions", "3000")), int(p.get("seed", "7")))
+    active = sum(1 for r in rulebook.current(spark, cfg).values() if r["ruleState"] == "ACTIVE")
+    return {"rules_loaded": loaded, "active_rules": active, "generated": generated}
+
+
+def _has_files(folder: str) -> bool:
+    return os.path.isdir(folder) and any(not n.startswith((".", "_")) for n in os.listdir(folder))
+
+
+def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 1_000, invalid: bool = True) -> int:
+    """A small reproducible workload (bursts every 250 transactions) stamped with ingestionTimestamp."""
+    now = int(time.time() * 1000)
+    txs = ({**tx, "ingestionTimestamp": now} for tx in Workload(count=count, seed=seed, burst_every=250).transactions())
+    n = write_jsonl(folder, txs, per_file=per_file)
+    if invalid:
+        path = os.path.join(folder, "invalid-000000.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write("".join(r + "\n" for r in INVALID_RECORDS))
+        os.replace(path + ".tmp", path)
+    return n
+
+
+def start_query(spark: SparkSession, cfg: JobConfig, name: str) -> StreamingQuery:
+    """One of the job's two queries (`ingest` or `evaluate`), as `job.start` starts it.
+
+    Each notebook task of the continuous job runs one query, so the two can be restarted apart.
+    """
+    if name not in QUERIES:
+        raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
+    tables.ensure(spark, cfg)
+    raw = job.raw_transactions(spark, cfg)
+    if name == job.INGEST_QUERY:
+        df = ingest.parse(raw)
+        sink: Any = lambda batch, batch_id: ingest.write_batch(batch, cfg, batch_id, job.INGEST_QUERY)  # noqa: E731
+    else:
+        df = job.evaluate(spark, cfg, raw)
+        sink = AlertSink(cfg, job.EVALUATE_QUERY, None if cfg.quiet else print)
+    writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
+    if cfg.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds")
+    return writer.start()
+
+
+def run_query(spark: SparkSession, cfg: JobConfig, name: str) -> dict[str, Any]:
+    """Start one query and wait for it: to completion with available-now, for as long as it runs otherwise.
+
+    Returns its micro-batches' progress (`progress`: one dict per batch, as Spark reports it) and the
+    input rows over all of them; a failed query raises.
+    """
+    query = start_query(spark, cfg, name)
+    query.awaitTermination()
+    progress = [json.loads(pr.json) for pr in query.recentProgress]
+    return {
+        "query": name,
+        "batches": len(progress),
+        "inputRows": sum(int(pr["numInputRows"]) for pr in progress),
+        "progress": progress,
+    }
+
+
+def catch_up(spark: SparkSession, cfg: JobConfig) -> list[dict[str, Any]]:
+    """Locally, when a query has never run (its table is empty), run it over the landing folder.
+
+    This lets a notebook run on a fresh data dir; on Databricks the continuous job does this.
+    """
+    if on_databricks() or not cfg.available_now:
+        return []
+    done = []
+    if tables.read(spark, cfg, "transactions").isEmpty():
+        done.append(run_query(spark, cfg, job.INGEST_QUERY))
+    if tables.read(spark, cfg, "batches").where(f"query = '{job.EVALUATE_QUERY}'").isEmpty():
+        done.append(run_query(spark, cfg, job.EVALUATE_QUERY))
+    return [{k: v for k, v in d.items() if k != "progress"} for d in done]
+
+
+def scratch_config(cfg: JobConfig, folder: str) -> JobConfig:
+    """A config for throw-away tables (backtests): local Delta paths under an emptied `folder`."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder, exist_ok=True)
+    return cfg.with_(data_dir=folder, catalog=None, schema=None, checkpoint_root=None, transactions_source=None)
+
+
+def live_rule(spark: SparkSession, cfg: JobConfig, rule_id: int) -> Rule | None:
+    """The rule as the rules table holds it now (None if there is no such rule)."""
+    row = rulebook.current(spark, cfg).get(int(rule_id))
+    return None if row is None else parse_rule(json.loads(row["ruleJson"]))
+
+
+def backtest_candidate(
+    spark: SparkSession, cfg: JobConfig, transactions: str, candidate: Rule, work_dir: str
+) -> tuple[BacktestResult, DataFrame]:
+    """Replay `transactions` (JSON-lines folder) with the live rule and the candidate side by side.
+
+    Both run in one backtest under `work_dir` (emptied first), the candidate under a shadow id;
+    returns the backtest result and `analysis.compare_alerts(live alerts, candidate alerts)`.
+    """
+    live = live_rule(spark, cfg, candidate.rule_id)
+    shadow_id = SHADOW_OFFSET + candidate.rule_id
+    replay = [analysis.with_rule_id(candidate, shadow_id)]
+    if live is not None and live.state == "ACTIVE":
+        replay.insert(0, live)
+    bt_cfg = scratch_config(cfg, work_dir).with_(quiet=True)
+    result = backtest.run(spark, bt_cfg, transactions, replay)
+    alerts = tables.read(spark, bt_cfg, "alerts")
+    compared = analysis.compare_alerts(
+        alerts.where(F.col("ruleId") == candidate.rule_id), alerts.where(F.col("ruleId") == shadow_id)
+    )
+    return result, compared
+
+
+def export_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> tuple[str, int]:
+    """Publish the alerts table as JSON lines at `out` (folders created); returns (path, alerts written)."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    return os.path.abspath(out), backtest.write_alerts(spark, cfg, out)
+
+
+def save_figure(fig: Any, figures_dir: str, name: str) -> str:
+    """Save a matplotlib Figure as `<figures_dir>/<name>.png` and return the path."""
+    Path(figures_dir).mkdir(parents=True, exist_ok=True)
+    path = os.path.join(figures_dir, f"{name}.png")
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    return path
+
+
+def show(df: Any, n: int = 20) -> Any:
+    """Databricks' display for a Spark DataFrame there; elsewhere its first `n` rows as pandas."""
+    if on_databricks():
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None and "display" in shell.user_ns:
+            return shell.user_ns["display"](df)
+    if hasattr(df, "toPandas"):
+        return df.limit(n).toPandas()
+    return df.head(n) if hasattr(df, "head") else df
+
+
+def finish(spark: SparkSession) -> None:
+    """Stop the local Spark session at the end of a notebook (never the cluster's on Databricks)."""
+    if not on_databricks():
+        for q in spark.streams.active:
+            q.stop()
+        spark.stop()

@@ -1,0 +1,58 @@
+"""Helpers to drive the real streaming job batch by batch from files (Spark's own TWS test style)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from decimal import Decimal
+
+from fraudrules import job, rulebook, tables
+from fraudrules.config import JobConfig
+from fraudrules.rules import Rule
+
+
+class FileStream:
+    """A running job whose landing folder the test fills one file (= one micro-batch) at a time."""
+
+    def __init__(self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4):
+        self.spark = spark
+        self.cfg = JobConfig(data_dir=data_dir, shards=shards, lateness_ms=lateness_ms, quiet=True)
+        os.makedirs(self.cfg.landing, exist_ok=True)
+        tables.ensure(spark, self.cfg)
+        if rules:
+            rulebook.upsert(spark, self.cfg, rules, author="test")
+        self.files = 0
+        self.job: job.Job | None = None
+
+    def start(self) -> FileStream:
+        self.job = job.start(self.spark, self.cfg, printer=None)
+        return self
+
+    def feed(self, lines: list[str | dict]) -> None:
+        """Write one file and wait until both queries have processed it."""
+        text = "".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines)
+        tmp = os.path.join(self.cfg.data_dir, f".f{self.files}.tmp")
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        final = os.path.join(self.cfg.landing, f"f{self.files:05d}.json")
+        os.replace(tmp, final)
+        mtime = time.time() + self.files  # strictly increasing: defines source order across files
+        os.utime(final, (mtime, mtime))
+        self.files += 1
+        self.job.process_all_available()
+
+    def stop(self) -> None:
+        if self.job:
+            self.job.stop()
+            self.job = None
+
+    def alerts(self) -> dict[tuple[int, int], Decimal]:
+        rows = tables.read(self.spark, self.cfg, "alerts").select("ruleId", "transactionId", "aggregate").collect()
+        return {(r.ruleId, r.transactionId): r.aggregate for r in rows}
+
+    def alert_rows(self) -> list:
+        return tables.read(self.spark, self.cfg, "alerts").collect()
+
+    def table(self, name: str):
+        return tables.read(self.spark, self.cfg, name)
