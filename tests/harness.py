@@ -16,7 +16,7 @@ from tests.reference import passes
 
 def keyed_frame(batch: list[dict], rules: list[Rule], batch_no: int, shards: int = 1) -> pd.DataFrame:
     active = [r for r in rules if r.state == "ACTIVE"]
-    active_map = json.dumps({str(r.rule_id): [r.sig, r.window_ms] for r in active})
+    active_set = ",".join(f"{r.rule_id}:{r.sig}:{r.window_ms}" for r in active)
     rows = []
     for pos, tx in enumerate(batch):
         for r in active:
@@ -25,26 +25,15 @@ def keyed_frame(batch: list[dict], rules: list[Rule], batch_no: int, shards: int
             key = json.dumps({n: str(tx.get(n)) for n in r.grouping_key_names})
             val = 0 if r.field in COUNT_FIELDS else int(Decimal(str(tx[r.field])) * 10**r.scale)
             uniq = zlib.crc32(json.dumps([str(tx.get(f)) for f in r.unique]).encode()) if r.unique else 0
-            rows.append(
-                {
-                    "shard": zlib.crc32(f"{r.rule_id}|{key}".encode()) % shards,
-                    "transactionId": tx["transactionId"],
-                    "eventTime": tx["eventTime"],
-                    "ingestionTimestamp": tx.get("ingestionTimestamp", -1),
-                    "srcTime": batch_no,
-                    "srcName": "f",
-                    "srcPos": pos,
-                    "ruleId": r.rule_id,
-                    "ruleVersion": r.version,
-                    "rule": json.dumps(r.to_json()),
-                    "sig": r.sig,
-                    "key": key,
-                    "val": val,
-                    "uniq": uniq,
-                    "active": active_map,
-                    "epoch": 0,
-                }
-            )
+            rows.append({
+                "shard": zlib.crc32(f"{r.rule_id}|{key}".encode()) % shards,
+                "transactionId": tx["transactionId"], "eventTime": tx["eventTime"],
+                "ingestionTimestamp": tx.get("ingestionTimestamp", -1), "srcTime": batch_no,
+                "srcId": 0, "srcPos": pos, "ruleId": r.rule_id, "ruleVersion": r.version, "sig": r.sig,
+                "aggregateFieldName": r.field, "aggregatorFunctionType": r.aggregator,
+                "limitOperatorType": r.operator, "limit": str(r.limit), "windowMs": r.window_ms,
+                "distinct": bool(r.unique), "key": key, "val": val, "uniq": uniq, "active": active_set, "epoch": 0,
+            })  # fmt: skip
     return pd.DataFrame(rows, columns=list(KEYED_COLUMNS))
 
 

@@ -14,10 +14,15 @@ from fraudrules.config import JobConfig
 Printer = Callable[[str], None]
 
 
-def alert_rows(out: DataFrame, batch_id: int) -> DataFrame:
-    """Processor output rows of kind 'alert' as rows of the alerts table."""
+def alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
+    """Processor output rows of kind 'alert' as rows of the alerts table, with the exact rule version."""
+    versions = history.select("ruleId", F.col("version").alias("ruleVersion"), F.col("ruleJson").alias("rule"))
+    alerts = out.where("kind = 'alert'").withColumn("ruleId", F.col("ruleId").cast("int"))
+    alerts = alerts.join(
+        F.broadcast(versions.dropDuplicates(["ruleId", "ruleVersion"])), ["ruleId", "ruleVersion"], "left"
+    )
     rule = lambda name: F.get_json_object("rule", f"$.{name}")  # noqa: E731
-    return out.where("kind = 'alert'").select(
+    return alerts.select(
         F.concat_ws(":", "ruleId", "transactionId").alias("alertId"),
         F.col("ruleId").cast("int").alias("ruleId"),
         "ruleVersion",
@@ -72,25 +77,26 @@ class AlertSink:
     def __call__(self, out: DataFrame, batch_id: int) -> None:
         out.persist()
         try:
-            alerts = alert_rows(out, batch_id).persist()
-            tables.append(alerts, self.cfg, "alerts", f"{self.query}-alerts", batch_id)
-            committed_ms = int(time.time() * 1000)
-            tables.append(late_rows(out, batch_id), self.cfg, "late_events", f"{self.query}-late", batch_id)
-            stats = out.groupBy("kind").count().collect()
-            counts = {r["kind"]: r["count"] for r in stats}
-            sample = alerts.select("alertId", "ruleId", "key", "aggregate").limit(self.show).collect()
-            latency = F.lit(committed_ms) - F.col("ingestionTimestamp")
-            p50, p99, pmax = (
-                alerts.where("ingestionTimestamp > 0")
-                .agg(
-                    F.percentile_approx(latency, 0.5, 10_000),
-                    F.percentile_approx(latency, 0.99, 10_000),
-                    F.max(latency),
-                )
-                .first()
-            )
-            alerts.unpersist()
-            wm = out.agg(F.max("watermark")).first()[0]
+            stats = out.groupBy("kind").agg(F.count("*").alias("n"), F.max("watermark").alias("wm")).collect()
+            counts = {r["kind"]: r["n"] for r in stats}
+            wm = max((r["wm"] for r in stats), default=None)
+            sample, p50, p99, pmax = [], None, None, None
+            if counts.get("alert"):  # empty appends would still cost a Delta commit each
+                history = tables.read(out.sparkSession, self.cfg, "rule_history")
+                alerts = alert_rows(out, batch_id, history).persist()
+                tables.append(alerts, self.cfg, "alerts", f"{self.query}-alerts", batch_id)
+                committed_ms = int(time.time() * 1000)
+                sample = alerts.select("alertId", "ruleId", "key", "aggregate").limit(self.show).collect()
+                latency = F.lit(committed_ms) - F.col("ingestionTimestamp")
+                p50, p99, pmax = (
+                    alerts.where("ingestionTimestamp > 0")
+                    .agg(F.percentile_approx(latency, 0.5, 10_000), F.percentile_approx(latency, 0.99, 10_000),
+                         F.max(latency))
+                    .first()
+                )  # fmt: skip
+                alerts.unpersist()
+            if counts.get("late"):
+                tables.append(late_rows(out, batch_id), self.cfg, "late_events", f"{self.query}-late", batch_id)
             record = {
                 "query": self.query,
                 "batchId": batch_id,

@@ -55,14 +55,15 @@ def top_keys(alerts: DataFrame, n: int = 10, rule_id: int | None = None) -> Data
     )
 
 
-def pick_alert(alerts: DataFrame, alert_id: str | None = None) -> dict[str, Any]:
-    """One alert as a dict: `alert_id` if given, else the alert of the most alerted (ruleId, key)."""
+def pick_alert(alerts: DataFrame, alert_id: str | None = None, rule_id: int | None = None) -> dict[str, Any]:
+    """One alert as a dict: `alert_id` if given, else the latest alert of the most alerted (ruleId, key)
+    (of rule `rule_id` if given)."""
     if alert_id:
         rows = alerts.where(F.col("alertId") == alert_id).limit(1).collect()
         if not rows:
             raise KeyError(f"no alert {alert_id!r}")
         return rows[0].asDict(recursive=True)
-    top = top_keys(alerts, 1).collect()
+    top = top_keys(alerts, 1, rule_id).collect()
     if not top:
         raise LookupError("there are no alerts yet")
     row = (
@@ -145,6 +146,15 @@ def _text(value: Any) -> str | None:
     if isinstance(value, Decimal):
         return format(value.normalize(), "f") if value != 0 else "0"
     return str(value)
+
+
+def quarantine_reasons(quarantine: DataFrame) -> DataFrame:
+    """Quarantined records per reason, most frequent first, with one example record each."""
+    return (
+        quarantine.groupBy("reason")
+        .agg(F.count(F.lit(1)).alias("records"), F.min("raw").alias("example"))
+        .orderBy(F.desc("records"), "reason")
+    )
 
 
 # ---------------------------------------------------------------- keying
@@ -378,6 +388,17 @@ def plot_batches(latencies: Any, batches: Any, progress: Any = None) -> Figure:
         right.set_title("Throughput")
         right.set_xlabel("batch")
         right.set_ylabel("input rows / s")
+    return fig
+
+
+def plot_counts(df: Any, label: str, value: str, title: str) -> Figure:
+    """Horizontal bars of `value` per `label` (e.g. `quarantine_reasons`: "reason", "records")."""
+    pdf = _pandas(df)
+    fig, ax = _figure()
+    ax.barh([str(v) for v in pdf[label]], pdf[value])
+    ax.invert_yaxis()
+    ax.set_title(title)
+    ax.set_xlabel(value)
     return fig
 
 

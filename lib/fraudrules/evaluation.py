@@ -6,40 +6,27 @@ Input rows are keyed transactions (one row per transaction × ACTIVE rule, from 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
-from fraudrules.rules import Rule, parse_rule
+from fraudrules.rules import Rule
 from fraudrules.windowing import Events, Retention, evaluate, retain
 
-# Columns the keyed stream carries into the stateful stage, in order.
+# Columns the keyed stream carries into the stateful stage, in order. Kept narrow on purpose: every
+# byte per row is shuffled, sorted and shipped to Python.
 KEYED_COLUMNS = (
-    "shard",
-    "transactionId",
-    "eventTime",
-    "ingestionTimestamp",
-    "srcTime",
-    "srcName",
-    "srcPos",
-    "ruleId",
-    "ruleVersion",
-    "rule",
-    "sig",
-    "key",
-    "val",
-    "uniq",
-    "active",
-    "epoch",
-)
+    "shard", "transactionId", "eventTime", "ingestionTimestamp", "srcTime", "srcId", "srcPos",
+    "ruleId", "ruleVersion", "sig", "aggregateFieldName", "aggregatorFunctionType", "limitOperatorType",
+    "limit", "windowMs", "distinct", "key", "val", "uniq", "active", "epoch",
+)  # fmt: skip
 OUTPUT_SCHEMA = (
     "kind string, shard int, ruleId long, ruleVersion long, transactionId long, eventTime long, "
-    "ingestionTimestamp long, key string, aggregate string, rule string, watermark long, "
-    "producedAt long, reason string"
+    "ingestionTimestamp long, key string, aggregate string, watermark long, producedAt long, reason string"
 )
 OUTPUT_COLUMNS = tuple(part.strip().split(" ")[0] for part in OUTPUT_SCHEMA.split(","))
 LATE_REASON = "eventTime behind the watermark on arrival"
@@ -51,11 +38,13 @@ class Meta:
 
     next_seq: int = 0
     epoch: int = 0
-    active: str = "{}"  # last seen {ruleId: [sig, windowMs]} of the ACTIVE rules
+    active: str = ""  # last seen ACTIVE rules as "ruleId:sig:windowMs,..."
     timer: int = -1  # registered cleanup timer (event time ms), -1 = none
 
     def active_rules(self) -> dict[int, tuple[int, int]]:
-        return {int(k): (int(v[0]), int(v[1])) for k, v in json.loads(self.active).items()}
+        """{ruleId: (sig, windowMs)} of the rules ACTIVE at the last batch this shard saw."""
+        parts = (item.split(":") for item in self.active.split(",") if item)
+        return {int(rid): (int(sig), int(window)) for rid, sig, window in parts}
 
 
 @dataclass
@@ -67,8 +56,38 @@ class StepResult:
 
 
 @lru_cache(maxsize=4096)
-def _rule_from_json(text: str, version: int) -> Rule:
-    return parse_rule(json.loads(text)).with_version(version)
+def _rule(
+    rule_id: int, version: int, field: str, aggregator: str, operator: str, limit: str, window_ms: int, distinct: bool
+) -> Rule:
+    """The evaluation parameters a keyed row carries, as a Rule (grouping and filter are already applied)."""
+    return Rule(
+        rule_id=rule_id,
+        state="ACTIVE",
+        field=field,
+        aggregator=aggregator,
+        operator=operator,
+        limit=Decimal(limit),
+        window_minutes=window_ms // 60_000,
+        version=version,
+        unique=("distinct",) if distinct else (),
+    )
+
+
+def rules_of(rows: pd.DataFrame) -> dict[int, Rule]:
+    cols = [
+        "ruleId",
+        "ruleVersion",
+        "aggregateFieldName",
+        "aggregatorFunctionType",
+        "limitOperatorType",
+        "limit",
+        "windowMs",
+        "distinct",
+    ]
+    return {
+        int(r[0]): _rule(int(r[0]), int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), bool(r[7]))
+        for r in rows.drop_duplicates("ruleId")[cols].itertuples(index=False)
+    }
 
 
 def retention(active: dict[int, tuple[int, int]], horizon: int) -> Retention:
@@ -101,7 +120,7 @@ def step(
 ) -> StepResult:
     """Process one shard's rows of one micro-batch."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    batch = batch.sort_values(["eventTime", "srcTime", "srcName", "srcPos", "ruleId"], kind="stable")
+    batch = batch.sort_values(["eventTime", "srcTime", "srcId", "srcPos", "ruleId"], kind="stable")
     batch = batch.reset_index(drop=True)
     epoch = int(batch["epoch"].iloc[0])
     if epoch > meta.epoch:  # CLEAR_STATE_ALL issued since this shard last ran
@@ -121,10 +140,7 @@ def step(
         val=live["val"].to_numpy(np.int64),
         uniq=live["uniq"].to_numpy(np.int64),
     )
-    rules = {
-        int(r.ruleId): _rule_from_json(r.rule, int(r.ruleVersion))
-        for r in live.drop_duplicates("ruleId")[["ruleId", "ruleVersion", "rule"]].itertuples()
-    }
+    rules = rules_of(live)
     meta.next_seq += n
 
     horizon = max(watermark, int(batch["eventTime"].max()) - lateness_ms)
@@ -142,7 +158,6 @@ def step(
             "ingestionTimestamp": fired["ingestionTimestamp"].to_numpy(np.int64),
             "key": fired["key"].to_numpy(object),
             "aggregate": [str(a) for a in result.fired.aggregates()],
-            "rule": fired["rule"].to_numpy(object),
             "watermark": watermark,
             "producedAt": now_ms,
             "reason": None,
@@ -160,7 +175,6 @@ def step(
             "ingestionTimestamp": late_rows["ingestionTimestamp"].to_numpy(np.int64),
             "key": late_rows["key"].to_numpy(object),
             "aggregate": None,
-            "rule": late_rows["rule"].to_numpy(object),
             "watermark": watermark,
             "producedAt": now_ms,
             "reason": LATE_REASON,

@@ -35,29 +35,43 @@ def file_source(spark: SparkSession, folder: str, max_files: int | None = None) 
     return lines.where(F.trim("value") != "").select("value", "srcTime", "srcName", F.col("srcPos").cast("long"))
 
 
+TEXT_SCHEMA = (
+    "transactionId string, eventTime string, payeeId string, beneficiaryId string, paymentAmount string, "
+    "paymentType string, ingestionTimestamp string"
+)
+FIELD_NAMES = tuple(part.split()[0] for part in TEXT_SCHEMA.split(", "))
+
+
 def _long(name: str) -> Column:
-    return F.expr(f"try_cast(trim(fields['{name}']) AS BIGINT)")
+    return F.expr(f"try_cast(trim(j.{name}) AS BIGINT)")
 
 
 def parse(raw: DataFrame) -> DataFrame:
-    """Typed transactions plus `error` (null when the record is valid)."""
-    df = raw.withColumn("fields", F.from_json("value", "map<string,string>"))
-    amount = F.expr("try_cast(trim(fields['paymentAmount']) AS DECIMAL(38,10))")
+    """Typed transactions plus `error` (null when the record is valid).
+
+    Every field is read as text first (JSON numbers and numeric strings are both accepted), then
+    cast; `fields` keeps the text of every transaction field for rules that name fields dynamically.
+    The raw record keeps any extra fields.
+    """
+    df = raw.withColumn("j", F.from_json("value", TEXT_SCHEMA))
+    amount = F.expr("try_cast(trim(j.paymentAmount) AS DECIMAL(38,10))")
     typed = df.select(
         *RAW_COLUMNS,
-        "fields",
+        "j",
+        F.create_map(*[x for n in FIELD_NAMES for x in (F.lit(n), F.col(f"j.{n}"))]).alias("fields"),
         _long("transactionId").alias("transactionId"),
         _long("eventTime").alias("eventTime"),
         _long("payeeId").alias("payeeId"),
         _long("beneficiaryId").alias("beneficiaryId"),
         amount.alias("amount10"),
-        F.col("fields")["paymentType"].alias("paymentType"),
+        F.col("j.paymentType").alias("paymentType"),
         _long("ingestionTimestamp").alias("ingestionTimestamp"),
     )
-    f = F.col("fields")
-    checks: list[tuple[Column, str]] = [(f.isNull(), "malformed JSON: not a JSON object")]
+    j = F.col("j")
+    not_object = j.isNull() | ~F.ltrim("value").startswith("{") | ~F.rtrim("value").endswith("}")
+    checks: list[tuple[Column, str]] = [(not_object, "malformed JSON: not a JSON object")]
     for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType"):
-        checks.append((f[name].isNull(), f"missing {name}"))
+        checks.append((j[name].isNull(), f"missing {name}"))
     for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId"):
         checks.append((F.col(name).isNull(), f"{name} is not an integer"))
     checks += [
@@ -66,11 +80,9 @@ def parse(raw: DataFrame) -> DataFrame:
         (F.abs("amount10") >= F.lit(10**18), "paymentAmount out of range"),
         (~F.col("paymentType").isin(*PAYMENT_TYPES), "unknown paymentType (expected CSH or CRD)"),
         ((F.col("eventTime") < 0) | (F.col("eventTime") > MAX_EVENT_TIME_MS), "eventTime out of range"),
-        (
-            f["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
-            "ingestionTimestamp is not an integer",
-        ),
-    ]
+        (j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
+         "ingestionTimestamp is not an integer"),
+    ]  # fmt: skip
     error = F.lit(None).cast("string")
     for cond, reason in reversed(checks):
         error = F.when(cond, F.lit(reason)).otherwise(error)
@@ -78,7 +90,7 @@ def parse(raw: DataFrame) -> DataFrame:
         "*",
         F.col("amount10").cast("decimal(20,2)").alias("paymentAmount"),
         error.alias("error"),
-    ).drop("amount10")
+    ).drop("amount10", "j")
 
 
 def valid(parsed: DataFrame) -> DataFrame:
@@ -88,25 +100,23 @@ def valid(parsed: DataFrame) -> DataFrame:
 
 
 def write_batch(parsed: DataFrame, cfg: JobConfig, batch_id: int, app_id: str) -> None:
-    """Bronze and quarantine rows of one micro-batch, each idempotent per batch."""
+    """Bronze and quarantine rows of one micro-batch, each idempotent per batch (empty ones skipped)."""
     parsed.persist()
     try:
+        counts = {
+            r["bad"]: r["count"] for r in parsed.groupBy(F.col("error").isNotNull().alias("bad")).count().collect()
+        }
         now = F.current_timestamp()
-        tables.append(
-            valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
-            cfg,
-            "transactions",
-            f"{app_id}-bronze",
-            batch_id,
-        )
-        bad = parsed.where(F.col("error").isNotNull()).select(
-            F.lit("transaction").alias("kind"),
-            F.col("value").alias("raw"),
-            F.col("error").alias("reason"),
-            "srcName",
-            "srcPos",
-            now.alias("quarantinedAt"),
-        )
-        tables.append(bad, cfg, "quarantine", f"{app_id}-quarantine", batch_id)
+        if counts.get(False):
+            tables.append(
+                valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
+                cfg, "transactions", f"{app_id}-bronze", batch_id,
+            )  # fmt: skip
+        if counts.get(True):
+            bad = parsed.where(F.col("error").isNotNull()).select(
+                F.lit("transaction").alias("kind"), F.col("value").alias("raw"), F.col("error").alias("reason"),
+                "srcName", "srcPos", now.alias("quarantinedAt"),
+            )  # fmt: skip
+            tables.append(bad, cfg, "quarantine", f"{app_id}-quarantine", batch_id)
     finally:
         parsed.unpersist()

@@ -34,14 +34,10 @@ END
 
 
 def active_rules(spark: SparkSession, cfg: JobConfig) -> DataFrame:
-    """ACTIVE rules, each carrying the whole active set ({ruleId: [sig, windowMs]}) and the state epoch."""
+    """ACTIVE rules, each carrying the whole active set ("ruleId:sig:windowMs,...") and the state epoch."""
     rules = tables.read(spark, cfg, "rules").where("ruleState = 'ACTIVE'")
     active_set = rules.agg(
-        F.to_json(
-            F.map_from_entries(
-                F.collect_list(F.struct(F.col("ruleId").cast("string"), F.array(F.col("sig"), F.col("windowMs"))))
-            )
-        ).alias("active")
+        F.array_join(F.collect_list(F.concat_ws(":", "ruleId", "sig", "windowMs")), ",").alias("active")
     )
     return rules.crossJoin(active_set).withColumn("epoch", F.lit(0).cast("long"))
 
@@ -50,22 +46,25 @@ def _passes_filter() -> Column:
     return F.expr(f"forall(coalesce(filter, array()), c -> coalesce({_FILTER_TERM}, false))")
 
 
+# The key as a JSON object text; names and values need no escaping (validated field names, numbers, CSH/CRD).
+_KEY = """concat('{', array_join(transform(groupingKeyNames,
+    n -> concat('"', n, '":', coalesce(concat('"', fields[n], '"'), 'null'))), ','), '}')"""
+
+
 def key_transactions(transactions: DataFrame, rules: DataFrame, shards: int) -> DataFrame:
     """One row per (transaction, ACTIVE rule it passes), with the rule's key, value and shard."""
     joined = transactions.crossJoin(F.broadcast(rules)).where(_passes_filter())
-    key = F.to_json(
-        F.map_from_arrays(F.col("groupingKeyNames"), F.transform("groupingKeyNames", lambda n: F.col("fields")[n]))
-    )
     is_count = F.col("aggregateFieldName").isin(*COUNT_FIELDS)
     raw_value = F.expr("try_cast(fields[aggregateFieldName] AS DECIMAL(38,6))")
     scaled = (raw_value * F.pow(F.lit(10), F.col("scale")).cast("decimal(7,0)")).cast("long")
     uniq = F.when(F.size("unique") > 0, F.xxhash64(F.transform("unique", lambda n: F.col("fields")[n])))
     keyed = joined.select(
         "*",
-        key.alias("key"),
+        F.expr(_KEY).alias("key"),
         F.when(is_count, F.lit(0).cast("long")).otherwise(scaled).alias("val"),
         F.coalesce(uniq, F.lit(0).cast("long")).alias("uniq"),
-        F.col("ruleJson").alias("rule"),
+        (F.size("unique") > 0).alias("distinct"),
+        F.xxhash64("srcName").alias("srcId"),
         F.col("version").alias("ruleVersion"),
         F.col("ruleId").cast("long").alias("ruleIdL"),
     ).where(is_count | F.col("val").isNotNull())
@@ -76,4 +75,4 @@ def key_transactions(transactions: DataFrame, rules: DataFrame, shards: int) -> 
 
 def preview(spark: SparkSession, cfg: JobConfig, transactions: DataFrame) -> DataFrame:
     """Batch preview for analysts: how the current rules fan out and key these transactions."""
-    return key_transactions(transactions, active_rules(spark, cfg), cfg.shards).drop("active", "rule")
+    return key_transactions(transactions, active_rules(spark, cfg), cfg.shards).drop("active")

@@ -129,9 +129,13 @@ def _has_files(folder: str) -> bool:
 
 
 def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 1_000, invalid: bool = True) -> int:
-    """A small reproducible workload (bursts every 250 transactions) stamped with ingestionTimestamp."""
+    """A small reproducible workload stamped with ingestionTimestamp.
+
+    Five transactions a second of event time (3,000 span ten minutes) and a burst every 250.
+    """
     now = int(time.time() * 1000)
-    txs = ({**tx, "ingestionTimestamp": now} for tx in Workload(count=count, seed=seed, burst_every=250).transactions())
+    workload = Workload(count=count, seed=seed, burst_every=250, events_per_second=5.0)
+    txs = ({**tx, "ingestionTimestamp": now} for tx in workload.transactions())
     n = write_jsonl(folder, txs, per_file=per_file)
     if invalid:
         path = os.path.join(folder, "invalid-000000.json")
@@ -231,18 +235,31 @@ def backtest_candidate(
     return result, compared
 
 
-def export_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> tuple[str, int]:
-    """Publish the alerts table as JSON lines at `out` (folders created); returns (path, alerts written)."""
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    return os.path.abspath(out), backtest.write_alerts(spark, cfg, out)
+def export_alerts(spark: SparkSession, cfg: JobConfig, out: str | None = None) -> tuple[str, int]:
+    """Publish the alerts table as JSON lines (default `<data_dir>/exports/alerts.jsonl`).
+
+    Returns (path, alerts written); folders are created as needed.
+    """
+    path = os.path.abspath(out or os.path.join(cfg.data_dir, "exports", "alerts.jsonl"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path, backtest.write_alerts(spark, cfg, path)
 
 
-def save_figure(fig: Any, figures_dir: str, name: str) -> str:
-    """Save a matplotlib Figure as `<figures_dir>/<name>.png` and return the path."""
+def activate(spark: SparkSession, cfg: JobConfig, rule: Rule, confirmed: str | bool, author: str) -> list[dict]:
+    """Write `rule` to the live rules table, only when `confirmed` (a widget's "true"); returns the new rows."""
+    if not flag(confirmed):
+        return []
+    return rulebook.upsert(spark, cfg, [rule], author=author)
+
+
+def save_figure(fig: Any, figures_dir: str, name: str) -> Any:
+    """Save a matplotlib Figure as `<figures_dir>/<name>.png`; returns the PNG as an IPython Image to show."""
+    from IPython.display import Image
+
     Path(figures_dir).mkdir(parents=True, exist_ok=True)
     path = os.path.join(figures_dir, f"{name}.png")
     fig.savefig(path, dpi=90, bbox_inches="tight")
-    return path
+    return Image(filename=path)
 
 
 def show(df: Any, n: int = 20) -> Any:

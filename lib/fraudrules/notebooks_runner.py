@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for nb in found:
         started = time.time()
         try:
-            executed = execute(nb, out, {**env, **{k: v for k, v in os.environ.items() if k.startswith("FRAUDRULES_")}})
+            executed = execute(nb, out, env)
         except Exception as exc:  # report which notebook failed, then stop: later ones build on it
             print(f"FAILED {nb.name} after {time.time() - started:.0f} s: {exc}", file=sys.stderr)
             return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -26,6 +27,9 @@ def local_jars() -> list[str]:
 
 
 def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSession:
+    # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if on_databricks():
         spark = SparkSession.builder.getOrCreate()
     else:
