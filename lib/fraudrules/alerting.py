@@ -73,6 +73,33 @@ class AlertSink:
 
     def __init__(self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5):
         self.cfg, self.query, self.printer, self.show = cfg, query, printer, show
+        self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
+
+    def _rule_applies(self, out: DataFrame, batch_id: int) -> None:
+        """Record, once per rule version, the delay from its change to the first event evaluated under it."""
+        spark = out.sparkSession
+        if self.reported is None:
+            self.reported = {(r.ruleId, r.version) for r in tables.read(spark, self.cfg, "rule_applied").collect()}
+        history = tables.read(spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
+        seen = (
+            out.where("kind = 'rule'").groupBy("ruleId", "ruleVersion").agg(F.min("producedAt").alias("first"))
+            .join(history.select("ruleId", F.col("version").alias("ruleVersion"), "updatedAt"),
+                  ["ruleId", "ruleVersion"], "left")
+            .select(F.col("ruleId").cast("int").alias("ruleId"), F.col("ruleVersion").alias("version"),
+                    F.col("updatedAt").alias("changedAt"), F.timestamp_millis("first").alias("firstEvaluatedAt"),
+                    (F.col("first") - F.unix_millis("updatedAt")).alias("delayMs"),
+                    F.lit(batch_id).cast("long").alias("batchId"))
+        )  # fmt: skip
+        records = [r.asDict() for r in seen.collect() if (r.ruleId, r.version) not in self.reported]
+        if not records:
+            return
+        for r in records:
+            self.reported.add((r["ruleId"], r["version"]))
+            if self.printer and r["delayMs"] is not None:
+                self.printer(f"[rules] rule {r['ruleId']} v{r['version']} in force: first event evaluated "
+                             f"{r['delayMs'] / 1000:.1f} s after the change")  # fmt: skip
+        tables.append(spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]), self.cfg, "rule_applied",
+                      f"{self.query}-applied", batch_id)  # fmt: skip
 
     def __call__(self, out: DataFrame, batch_id: int) -> None:
         out.persist()
@@ -97,6 +124,8 @@ class AlertSink:
                 alerts.unpersist()
             if counts.get("late"):
                 tables.append(late_rows(out, batch_id), self.cfg, "late_events", f"{self.query}-late", batch_id)
+            if counts.get("rule"):
+                self._rule_applies(out, batch_id)
             record = {
                 "query": self.query,
                 "batchId": batch_id,

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from importlib import resources
+from pathlib import Path
 
 from fraudrules.config import TABLES, JobConfig
 
@@ -121,6 +122,53 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rules_session(args: argparse.Namespace):
+    from fraudrules import tables
+    from fraudrules.session import get_spark
+
+    cfg = _cfg(args)
+    spark = get_spark("fraudrules-rules")
+    tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
+    return cfg, spark
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from fraudrules import rulebook
+    from fraudrules.rules import RuleError, parse_rules_text
+
+    if args.action == "put":
+        text = sys.stdin.read() if args.target == "-" else Path(args.target).read_text(encoding="utf-8")
+        changes, errors = parse_rules_text(text)
+        if errors:  # nothing is applied from a file with an invalid rule
+            for err in errors:
+                print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
+            return 2
+    cfg, spark = _rules_session(args)
+    try:
+        if args.action == "put":
+            for row in rulebook.apply(spark, cfg, changes, author=args.author):
+                print(f"rule {row['ruleId']} v{row['version']} {row['ruleState']}")
+        elif args.action in ("pause", "activate", "delete"):
+            state = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}[args.action]
+            row = rulebook.set_state(spark, cfg, int(args.target), state, author=args.author)
+            print(f"rule {row['ruleId']} v{row['version']} {row['ruleState']}")
+        elif args.action == "list":
+            for rid, row in sorted(rulebook.current(spark, cfg).items()):
+                print(f"{rid:>6} v{row['version']:<4} {row['ruleState']:<7} {row['ruleJson']}")
+        elif args.action == "history":
+            for row in rulebook.history(spark, cfg, int(args.target)):
+                print(f"v{row['version']:<4} {row['updatedAt']} {row['updatedBy']:<12} {row['change']:<8} "
+                      f"{row['ruleState']:<7} {row['ruleJson']}")  # fmt: skip
+        elif args.action == "export":
+            print(f"exported to {rulebook.export_current(spark, cfg)}")
+    except RuleError as err:
+        print(f"rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from fraudrules import bench
 
@@ -165,6 +213,12 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--beneficiaries", type=int, default=500)
     gen.add_argument("--per-file", type=int, default=5_000)
     gen.set_defaults(func=cmd_generate)
+
+    ru = sub.add_parser("rules", parents=[common], help="manage rules: put, pause, activate, delete, list, history")
+    ru.add_argument("action", choices=["put", "pause", "activate", "delete", "list", "history", "export"])
+    ru.add_argument("target", nargs="?", help="rules file or - (put), or a ruleId")
+    ru.add_argument("--author", default=os.environ.get("USER", "cli"))
+    ru.set_defaults(func=cmd_rules)
 
     be = sub.add_parser("bench", help="throughput and latency benchmark")
     be.add_argument("--data-dir", default="bench/work")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-TABLES = ("transactions", "quarantine", "rules", "rule_history", "alerts", "late_events", "batches")
+TABLES = (
+    "transactions", "quarantine", "rules", "rule_history", "rule_errors", "rules_export", "rule_applied",
+    "alerts", "late_events", "batches",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class JobConfig:
     def checkpoint(self, query: str) -> str:
         root = self.checkpoint_root or os.path.join(self.data_dir, "checkpoints")
         return os.path.abspath(os.path.join(root, query))
+
+    @property
+    def rules_landing(self) -> str:
+        """Folder of rule change files (JSON list or object per file), the local stand-in for the rules topic."""
+        return os.path.abspath(os.path.join(self.data_dir, "landing", "rules"))
 
     @property
     def landing(self) -> str:

@@ -180,7 +180,14 @@ def step(
             "reason": LATE_REASON,
         }
     )
-    output = pd.concat([alerts, lates], ignore_index=True)[list(OUTPUT_COLUMNS)]
+    seen = live.drop_duplicates(["ruleId", "ruleVersion"])  # for the rule-apply delay
+    applied = pd.DataFrame({
+        "kind": "rule", "shard": shard, "ruleId": seen["ruleId"].to_numpy(np.int64),
+        "ruleVersion": seen["ruleVersion"].to_numpy(np.int64), "transactionId": None, "eventTime": None,
+        "ingestionTimestamp": None, "key": None, "aggregate": None, "watermark": watermark, "producedAt": now_ms,
+        "reason": None,
+    })  # fmt: skip
+    output = pd.concat([alerts, lates, applied], ignore_index=True)[list(OUTPUT_COLUMNS)]
     return StepResult(output, result.state, meta, next_expiry(result.state, active))
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+_CHUNK = 100_000
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -29,28 +31,31 @@ class Workload:
         rng = np.random.default_rng(self.seed)
         payee_w = _zipf_weights(self.payees, self.zipf)
         ben_w = _zipf_weights(self.beneficiaries, self.zipf)
-        gaps = rng.exponential(1000.0 / self.events_per_second, self.count)
-        times = self.start_ms + np.cumsum(gaps).astype(np.int64)
-        payees = rng.choice(self.payees, self.count, p=payee_w) + 1
-        bens = rng.choice(self.beneficiaries, self.count, p=ben_w) + 1
-        cents = np.round(rng.lognormal(8.0, 1.2, self.count)).astype(np.int64) + 1
-        types = np.where(rng.random(self.count) < 0.3, "CSH", "CRD")
-        burst_left, burst = 0, (0, 0)
-        for i in range(self.count):
-            payee, ben, amount = int(payees[i]), int(bens[i]), int(cents[i])
-            if self.burst_every and i % self.burst_every == self.burst_every - 1:
-                burst_left, burst = 8, (payee, ben)
-            if burst_left:  # suspicious: repeated large payments between one pair within seconds
-                payee, ben, amount = burst[0], burst[1], 900_000 + amount
-                burst_left -= 1
-            yield {
-                "transactionId": self.first_id + i,
-                "eventTime": int(times[i]),
-                "payeeId": payee,
-                "beneficiaryId": ben,
-                "paymentAmount": f"{amount // 100}.{amount % 100:02d}",
-                "paymentType": str(types[i]),
-            }
+        clock, burst_left, burst = float(self.start_ms), 0, (0, 0)
+        for offset in range(0, self.count, _CHUNK):  # drawn in chunks: endless workloads stay small
+            n = min(_CHUNK, self.count - offset)
+            times = clock + np.cumsum(rng.exponential(1000.0 / self.events_per_second, n))
+            clock = float(times[-1])
+            payees = rng.choice(self.payees, n, p=payee_w) + 1
+            bens = rng.choice(self.beneficiaries, n, p=ben_w) + 1
+            cents = np.round(rng.lognormal(8.0, 1.2, n)).astype(np.int64) + 1
+            types = np.where(rng.random(n) < 0.3, "CSH", "CRD")
+            for j in range(n):
+                i = offset + j
+                payee, ben, amount = int(payees[j]), int(bens[j]), int(cents[j])
+                if self.burst_every and i % self.burst_every == self.burst_every - 1:
+                    burst_left, burst = 8, (payee, ben)
+                if burst_left:  # suspicious: repeated large payments between one pair within seconds
+                    payee, ben, amount = burst[0], burst[1], 900_000 + amount
+                    burst_left -= 1
+                yield {
+                    "transactionId": self.first_id + i,
+                    "eventTime": int(times[j]),
+                    "payeeId": payee,
+                    "beneficiaryId": ben,
+                    "paymentAmount": f"{amount // 100}.{amount % 100:02d}",
+                    "paymentType": str(types[j]),
+                }
 
 
 def _zipf_weights(n: int, s: float) -> np.ndarray:

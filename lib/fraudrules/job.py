@@ -6,20 +6,23 @@ from ingestion rather than two.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from fraudrules import ingest, keying, tables
+from fraudrules import ingest, keying, rulebook, tables
 from fraudrules.alerting import AlertSink, Printer
 from fraudrules.config import JobConfig
 from fraudrules.evaluation import OUTPUT_SCHEMA
 from fraudrules.processor import RulesProcessor
+from fraudrules.rules import parse_rules_text
 
 INGEST_QUERY = "ingest"
 EVALUATE_QUERY = "evaluate"
+RULES_QUERY = "rules"
 
 
 def raw_transactions(spark: SparkSession, cfg: JobConfig) -> DataFrame:
@@ -51,14 +54,48 @@ def _start(df: DataFrame, cfg: JobConfig, name: str, sink) -> StreamingQuery:
     return writer.start()
 
 
+def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    """Rule change files (the rules topic's local stand-in): one change set per file, in arrival order."""
+    os.makedirs(cfg.rules_landing, exist_ok=True)
+    return spark.readStream.text(cfg.rules_landing, wholetext=True).select(
+        "value", F.col("_metadata.file_path").alias("source"),
+        F.col("_metadata.file_modification_time").alias("modified"),
+    )  # fmt: skip
+
+
+class RuleChangeSink:
+    """Merges each change set into the rules table; invalid rules go to rule_errors, valid ones still apply."""
+
+    def __init__(self, cfg: JobConfig, printer: Printer | None = print):
+        self.cfg, self.printer = cfg, printer
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        spark = df.sparkSession
+        errors = []
+        for row in df.orderBy("modified", "source").collect():
+            changes, problems = parse_rules_text(row.value)
+            applied = rulebook.apply(spark, self.cfg, changes, author=f"stream:{os.path.basename(row.source)}",
+                                     change_id=f"{RULES_QUERY}:{batch_id}:{row.source}")  # fmt: skip
+            errors += [{"ruleId": None if e.rule_id is None else str(e.rule_id), "raw": row.value,
+                        "reason": "; ".join(e.problems), "source": row.source} for e in problems]  # fmt: skip
+            if self.printer:
+                self.printer(f"[rules] {os.path.basename(row.source)}: {len(applied)} rules changed, "
+                             f"{len(problems)} rejected")  # fmt: skip
+        if errors:
+            frame = spark.createDataFrame(errors, "ruleId string, raw string, reason string, source string")
+            tables.append(frame.withColumn("receivedAt", F.current_timestamp()), self.cfg, "rule_errors",
+                          f"{RULES_QUERY}-errors", batch_id)  # fmt: skip
+
+
 @dataclass
 class Job:
     ingest: StreamingQuery
     evaluate: StreamingQuery
+    rules: StreamingQuery
 
     @property
     def queries(self) -> list[StreamingQuery]:
-        return [self.ingest, self.evaluate]
+        return [self.rules, self.ingest, self.evaluate]
 
     def wait(self) -> None:
         for q in self.queries:
@@ -82,4 +119,5 @@ def start(spark: SparkSession, cfg: JobConfig, raw: DataFrame | None = None, pri
         ingest.parse(raw), cfg, INGEST_QUERY, lambda df, bid: ingest.write_batch(df, cfg, bid, INGEST_QUERY)
     )
     eval_q = _start(evaluate(spark, cfg, raw), cfg, EVALUATE_QUERY, AlertSink(cfg, EVALUATE_QUERY, printer))
-    return Job(ingest_q, eval_q)
+    rules_q = _start(rule_changes(spark, cfg), cfg, RULES_QUERY, RuleChangeSink(cfg, printer))
+    return Job(ingest_q, eval_q, rules_q)

@@ -35,11 +35,13 @@ END
 
 def active_rules(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     """ACTIVE rules, each carrying the whole active set ("ruleId:sig:windowMs,...") and the state epoch."""
-    rules = tables.read(spark, cfg, "rules").where("ruleState = 'ACTIVE'")
+    everything = tables.read(spark, cfg, "rules")
+    rules = everything.where("ruleState = 'ACTIVE'")
     active_set = rules.agg(
         F.array_join(F.collect_list(F.concat_ws(":", "ruleId", "sig", "windowMs")), ",").alias("active")
     )
-    return rules.crossJoin(active_set).withColumn("epoch", F.lit(0).cast("long"))
+    epoch = everything.agg(F.coalesce(F.max("epoch"), F.lit(0)).cast("long").alias("current_epoch"))
+    return rules.crossJoin(active_set).crossJoin(epoch).drop("epoch").withColumnRenamed("current_epoch", "epoch")
 
 
 def _passes_filter() -> Column:

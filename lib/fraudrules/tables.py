@@ -23,12 +23,19 @@ SCHEMAS: dict[str, str] = {
         "ruleId int, version long, ruleState string, groupingKeyNames array<string>, "
         "aggregateFieldName string, aggregatorFunctionType string, limitOperatorType string, "
         f"limit string, windowMinutes int, windowMs long, scale int, filter {FILTER_TYPE}, "
-        "unique array<string>, sig long, activeSince long, ruleJson string, updatedAt timestamp, "
+        "unique array<string>, sig long, activeSince long, epoch long, ruleJson string, updatedAt timestamp, "
         "updatedBy string"
     ),
     "rule_history": (
-        "ruleId int, version long, ruleState string, ruleJson string, change string, "
+        "ruleId int, version long, ruleState string, ruleJson string, change string, changeId string, "
         "updatedAt timestamp, updatedBy string"
+    ),
+    "rule_errors": "ruleId string, raw string, reason string, source string, receivedAt timestamp",
+    "rules_export": (
+        "exportId string, ruleId int, version long, ruleState string, ruleJson string, exportedAt timestamp"
+    ),
+    "rule_applied": (
+        "ruleId int, version long, changedAt timestamp, firstEvaluatedAt timestamp, delayMs long, batchId long"
     ),
     "alerts": (
         "alertId string, ruleId int, ruleVersion long, transactionId long, key string, "

@@ -42,6 +42,18 @@ class FileStream:
         self.files += 1
         self.job.process_all_available()
 
+    def change_rules(self, changes: list[dict] | dict | str) -> None:
+        """Drop a rule change file where the running job's rules stream picks it up, and wait for it."""
+        text = changes if isinstance(changes, str) else json.dumps(changes)
+        folder = self.cfg.rules_landing
+        os.makedirs(folder, exist_ok=True)
+        self.changes = getattr(self, "changes", 0) + 1
+        tmp = os.path.join(self.cfg.data_dir, f".r{self.changes}.tmp")
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, os.path.join(folder, f"change-{self.changes:04d}.json"))
+        self.job.rules.processAllAvailable()
+
     def stop(self) -> None:
         if self.job:
             self.job.stop()

@@ -106,6 +106,15 @@ def test_avg_is_exact_sum_over_count():
     assert alerts == {(1, 3): render(100, 300)}
 
 
+def test_distinct_count_with_filter():
+    r = rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit=3, window=10, unique=["beneficiaryId"],
+             filter=[{"field": "paymentType", "op": "EQ", "value": "CSH"}])  # fmt: skip
+    batch = [tx(1, 1, ben=1), tx(2, 2, ben=2), tx(3, 3, ben=2), tx(4, 4, ben=9, ptype="CRD"), tx(5, 5, ben=3),
+             tx(6, 6, ben=1)]  # fmt: skip
+    alerts, _ = alerts_of([batch], [r])
+    assert alerts == {(1, 5): Decimal(3), (1, 6): Decimal(3)}
+
+
 def test_render_terminating_and_repeating():
     assert render(1050, 100) == Decimal("10.5")
     assert render(100, 300) == Decimal("0.333333333333333333")
@@ -115,6 +124,18 @@ def _assert_same(engine, ref):
     assert set(engine) == set(ref)
     for k, v in ref.items():
         assert abs(Fraction(engine[k]) - v) <= Fraction(1, 10**18), k
+
+
+FILTERS = st.lists(
+    st.one_of(
+        st.builds(lambda v: {"field": "paymentType", "op": "EQ", "value": v}, st.sampled_from(["CSH", "CRD"])),
+        st.builds(lambda v: {"field": "paymentAmount", "op": "GE", "value": f"{v}.50"}, st.integers(0, 400)),
+        st.builds(lambda v: {"field": "payeeId", "op": "IN", "values": v}, st.lists(st.integers(1, 3), min_size=1)),
+        st.builds(lambda v: {"field": "beneficiaryId", "op": "NE", "value": v}, st.integers(1, 2)),
+    ),
+    min_size=1,
+    max_size=2,
+)
 
 
 @st.composite
@@ -139,6 +160,11 @@ def workloads(draw):
         limit = (
             draw(st.integers(0, 4)) if "COUNT" in field else f"{draw(st.integers(0, 900))}.{draw(st.integers(0, 99))}"
         )
+        extras = {}
+        if draw(st.booleans()):
+            extras["filter"] = draw(FILTERS)
+        if field == "COUNT_FLINK" and draw(st.booleans()):
+            extras["unique"] = [draw(st.sampled_from(["beneficiaryId", "paymentType", "payeeId"]))]
         rules.append(
             rule(
                 rid,
@@ -148,6 +174,7 @@ def workloads(draw):
                 limit=limit,
                 window=draw(st.integers(1, 4)),
                 keys=keys,
+                **extras,
             )
         )
     cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=5))))
