@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from fraudrules import tables
@@ -14,50 +14,86 @@ from fraudrules.config import JobConfig
 Printer = Callable[[str], None]
 
 
-def alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
-    """Processor output rows of kind 'alert' as rows of the alerts table, with the exact rule version."""
+def _with_rule(out: DataFrame, history: DataFrame) -> DataFrame:
+    """Alert rows joined to the exact rule version they were evaluated under (its JSON as `rule`)."""
     versions = history.select("ruleId", F.col("version").alias("ruleVersion"), F.col("ruleJson").alias("rule"))
     alerts = out.where("kind = 'alert'").withColumn("ruleId", F.col("ruleId").cast("int"))
-    alerts = alerts.join(
-        F.broadcast(versions.dropDuplicates(["ruleId", "ruleVersion"])), ["ruleId", "ruleVersion"], "left"
-    )
-    rule = lambda name: F.get_json_object("rule", f"$.{name}")  # noqa: E731
-    return alerts.select(
-        F.concat_ws(":", "ruleId", "transactionId").alias("alertId"),
-        F.col("ruleId").cast("int").alias("ruleId"),
-        "ruleVersion",
-        "transactionId",
-        "key",
-        F.from_json(rule("groupingKeyNames"), "array<string>").alias("groupingKeyNames"),
-        F.col("aggregate").cast("decimal(38,18)").alias("aggregate"),
-        rule("aggregateFieldName").alias("aggregateFieldName"),
-        rule("aggregatorFunctionType").alias("aggregatorFunctionType"),
-        rule("limitOperatorType").alias("limitOperatorType"),
-        rule("limit").cast("decimal(38,18)").alias("limit"),
-        rule("windowMinutes").cast("int").alias("windowMinutes"),
+    return alerts.join(F.broadcast(versions.dropDuplicates(["ruleId", "ruleVersion"])), ["ruleId", "ruleVersion"],
+                       "left")  # fmt: skip
+
+
+def _rule(name: str) -> Column:
+    return F.get_json_object("rule", f"$.{name}")
+
+
+def _common(batch_id: int) -> list[Column]:
+    return [
         F.timestamp_millis("eventTime").alias("eventTime"),
         F.col("eventTime").alias("eventTimeMs"),
-        "ingestionTimestamp",
+        F.col("ingestionTimestamp"),
         F.timestamp_millis("producedAt").alias("producedAt"),
         F.col("producedAt").alias("producedAtMs"),
         F.col("watermark").alias("watermarkMs"),
         F.lit(batch_id).cast("long").alias("batchId"),
-        "shard",
+        F.col("shard"),
+    ]
+
+
+def alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
+    """Window-rule alerts from the processor's output, as rows of the alerts table."""
+    alerts = _with_rule(out, history)
+    aggregate = F.col("aggregate").cast("decimal(38,18)")
+    message = F.format_string(
+        "%s(%s) of %s over %s min = %s, %s %s", _rule("aggregatorFunctionType"), _rule("aggregateFieldName"),
+        F.col("key"), _rule("windowMinutes"), F.col("aggregate"), _rule("limitOperatorType"), _rule("limit"),
+    )  # fmt: skip
+    return alerts.select(
+        F.concat_ws(":", "ruleId", "transactionId").alias("alertId"),
+        F.lit("WINDOW").alias("kind"),
+        "ruleId", "ruleVersion", "transactionId", F.lit(None).cast("long").alias("userId"), "key",
+        F.from_json(_rule("groupingKeyNames"), "array<string>").alias("groupingKeyNames"),
+        aggregate.alias("aggregate"),
+        _rule("aggregateFieldName").alias("aggregateFieldName"),
+        _rule("aggregatorFunctionType").alias("aggregatorFunctionType"),
+        _rule("limitOperatorType").alias("limitOperatorType"),
+        _rule("limit").cast("decimal(38,18)").alias("limit"),
+        _rule("windowMinutes").cast("int").alias("windowMinutes"),
+        *_common(batch_id),
+        message.alias("message"),
+        F.lit(None).cast("string").alias("details"),
+    )  # fmt: skip
+
+
+def login_alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
+    """Login-anomaly alerts: the user, failed IPs, counts and the sequence's span in `details`."""
+    alerts = _with_rule(out, history)
+    return alerts.select(
+        F.concat(F.col("ruleId"), F.lit(":u"), F.col("userId"), F.lit(":"), F.col("eventTime")).alias("alertId"),
+        F.lit("LOGIN_ANOMALY").alias("kind"),
+        "ruleId", "ruleVersion", F.lit(None).cast("long").alias("transactionId"), "userId", "key",
+        F.array(F.lit("userId")).alias("groupingKeyNames"),
+        F.col("aggregate").cast("decimal(38,18)").alias("aggregate"),
+        F.lit("failedLogins").alias("aggregateFieldName"),
+        F.lit("COUNT").alias("aggregatorFunctionType"),
+        F.lit("GREATER_EQUAL").alias("limitOperatorType"),
+        _rule("minFailures").cast("decimal(38,18)").alias("limit"),
+        _rule("windowMinutes").cast("int").alias("windowMinutes"),
+        *_common(batch_id),
+        "message", "details",
+    )  # fmt: skip
+
+
+def late_rows(out: DataFrame, batch_id: int, kind: str = "transaction") -> DataFrame:
+    ids = (
+        [F.col("transactionId"), F.lit(None).cast("long").alias("userId")]
+        if kind == "transaction"
+        else [F.lit(None).cast("long").alias("transactionId"), F.col("userId")]
     )
-
-
-def late_rows(out: DataFrame, batch_id: int) -> DataFrame:
     return out.where("kind = 'late'").select(
-        "transactionId",
-        F.col("ruleId").cast("int").alias("ruleId"),
-        "ruleVersion",
-        "key",
-        F.col("eventTime").alias("eventTimeMs"),
-        F.col("watermark").alias("watermarkMs"),
-        "reason",
-        F.current_timestamp().alias("detectedAt"),
-        F.lit(batch_id).cast("long").alias("batchId"),
-    )
+        F.lit(kind).alias("kind"), *ids, F.col("ruleId").cast("int").alias("ruleId"), "ruleVersion", "key",
+        F.col("eventTime").alias("eventTimeMs"), F.col("watermark").alias("watermarkMs"), "reason",
+        F.current_timestamp().alias("detectedAt"), F.lit(batch_id).cast("long").alias("batchId"),
+    )  # fmt: skip
 
 
 def _num(v: object) -> float | None:
@@ -71,8 +107,11 @@ class AlertSink:
     checkpoint, Delta recognises the version it already committed and skips it.
     """
 
-    def __init__(self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5):
+    def __init__(self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5,
+                 logins: bool = False):  # fmt: skip
         self.cfg, self.query, self.printer, self.show = cfg, query, printer, show
+        self.to_alerts = login_alert_rows if logins else alert_rows
+        self.late_kind = "login" if logins else "transaction"
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
 
     def _rule_applies(self, out: DataFrame, batch_id: int) -> None:
@@ -110,10 +149,10 @@ class AlertSink:
             sample, p50, p99, pmax = [], None, None, None
             if counts.get("alert"):  # empty appends would still cost a Delta commit each
                 history = tables.read(out.sparkSession, self.cfg, "rule_history")
-                alerts = alert_rows(out, batch_id, history).persist()
+                alerts = self.to_alerts(out, batch_id, history).persist()
                 tables.append(alerts, self.cfg, "alerts", f"{self.query}-alerts", batch_id)
                 committed_ms = int(time.time() * 1000)
-                sample = alerts.select("alertId", "ruleId", "key", "aggregate").limit(self.show).collect()
+                sample = alerts.select("alertId", "ruleId", "key", "aggregate", "message").limit(self.show).collect()
                 latency = F.lit(committed_ms) - F.col("ingestionTimestamp")
                 p50, p99, pmax = (
                     alerts.where("ingestionTimestamp > 0")
@@ -123,7 +162,8 @@ class AlertSink:
                 )  # fmt: skip
                 alerts.unpersist()
             if counts.get("late"):
-                tables.append(late_rows(out, batch_id), self.cfg, "late_events", f"{self.query}-late", batch_id)
+                late = late_rows(out, batch_id, self.late_kind)
+                tables.append(late, self.cfg, "late_events", f"{self.query}-late", batch_id)
             if counts.get("rule"):
                 self._rule_applies(out, batch_id)
             record = {
@@ -154,6 +194,6 @@ class AlertSink:
                     f"[alerts] batch {batch_id}: {record['alerts']} alerts, {record['lateEvents']} late{lat_text}"
                 )
                 for r in sample:
-                    self.printer(f"  ALERT rule={r.ruleId} {r.alertId} key={r.key} aggregate={r.aggregate.normalize()}")
+                    self.printer(f"  ALERT {r.alertId}: {r.message}")
         finally:
             out.unpersist()

@@ -324,7 +324,7 @@ def _pandas(df: Any) -> pd.DataFrame:
 def _figure(ncols: int = 1, width: float = 8.0) -> tuple[Figure, Any]:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, 3.6))
+    fig = Figure(figsize=(width, 3.6), layout="constrained")
     axes = fig.subplots(1, ncols)
     return fig, axes
 
@@ -359,11 +359,11 @@ def plot_fanout(fanout: Any) -> Figure:
 
 
 def plot_batches(latencies: Any, batches: Any, progress: Any = None) -> Figure:
-    """Alert latency histogram, per-batch p50/p99 latency and alerts, and (given a `progress_table`)
-    rows per second of each micro-batch."""
+    """Alert latency histogram; per-batch alerts with p50/p99 latency; and, given a `progress_table`,
+    each micro-batch's processing time, with transactions per second where batches record inputRows."""
     lat, bat = _pandas(latencies), _pandas(batches)
     panels = 3 if progress is not None else 2
-    fig, axes = _figure(panels, width=5.0 * panels)
+    fig, axes = _figure(panels, width=5.2 * panels)
     left, mid = axes[0], axes[1]
     if len(lat):
         left.hist(lat["latencyMs"], bins=30)
@@ -373,21 +373,26 @@ def plot_batches(latencies: Any, batches: Any, progress: Any = None) -> Figure:
     if len(bat):
         mid.bar(bat["batchId"], bat["alerts"], color="lightgray", label="alerts")
         twin = mid.twinx()
-        twin.plot(bat["batchId"], bat["latencyP50Ms"], marker="o", label="p50 ms")
-        twin.plot(bat["batchId"], bat["latencyP99Ms"], marker="^", label="p99 ms")
-        twin.set_ylabel("latency ms")
+        twin.plot(bat["batchId"], bat["latencyP50Ms"], marker="o", label="p50")
+        twin.plot(bat["batchId"], bat["latencyP99Ms"], marker="^", label="p99")
+        twin.set_ylabel("alert latency ms")
         twin.legend(loc="upper right", fontsize="small")
-    mid.set_title("Recent micro-batches")
+    mid.set_title("Recent micro-batches: alerts and latency")
     mid.set_xlabel("batch")
     mid.set_ylabel("alerts")
     if progress is not None:
-        prog = _pandas(progress)
-        right = axes[2]
+        prog, right = _pandas(progress), axes[2]
         if len(prog):
-            right.bar(prog["batchId"], prog["processedRowsPerSecond"])
-        right.set_title("Throughput")
+            right.bar(prog["batchId"], prog["durationMs"] / 1000.0, color="tab:blue")
+        right.set_title("Micro-batch processing time")
         right.set_xlabel("batch")
-        right.set_ylabel("input rows / s")
+        right.set_ylabel("seconds")
+        if len(bat) and bat["inputRowsPerSecond"].notna().any():
+            rate = right.twinx()
+            rate.plot(bat["batchId"], bat["inputRowsPerSecond"], marker="s", color="tab:green")
+            rate.set_ylabel("transactions / s")
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
     return fig
 
 

@@ -16,25 +16,16 @@ from fraudrules.rules import Rule
 from fraudrules.tables import to_json_line
 
 ALERT_FIELDS = (
-    "alertId",
-    "ruleId",
-    "ruleVersion",
-    "transactionId",
-    "key",
-    "aggregate",
-    "aggregatorFunctionType",
-    "aggregateFieldName",
-    "limitOperatorType",
-    "limit",
-    "windowMinutes",
-    "eventTimeMs",
-    "producedAtMs",
-)
+    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "userId", "key", "aggregate",
+    "aggregatorFunctionType", "aggregateFieldName", "limitOperatorType", "limit", "windowMinutes", "eventTimeMs",
+    "producedAtMs", "message", "details",
+)  # fmt: skip
 
 
 @dataclass
 class BacktestResult:
     transactions: int
+    logins: int
     quarantined: int
     late: int
     alerts: int
@@ -43,20 +34,25 @@ class BacktestResult:
 
     @property
     def rate(self) -> float:
-        return self.transactions / self.seconds if self.seconds else 0.0
+        return (self.transactions + self.logins) / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
         lines = [
-            f"transactions: {self.transactions} valid, {self.quarantined} quarantined, {self.late} late",
-            f"alerts: {self.alerts} in {self.seconds:.1f} s ({self.rate:,.0f} transactions/s)",
+            f"transactions: {self.transactions} valid, logins: {self.logins} valid, "
+            f"{self.quarantined} quarantined, {self.late} late",
+            f"alerts: {self.alerts} in {self.seconds:.1f} s ({self.rate:,.0f} events/s)",
         ]
         lines += [f"  rule {rid}: {n} alerts" for rid, n in sorted(self.per_rule.items())]
         return "\n".join(lines)
 
 
-def run(spark: SparkSession, cfg: JobConfig, transactions: str, rules: list[Rule]) -> BacktestResult:
-    """Evaluate `rules` over a JSON-lines file or folder into the tables under `cfg.data_dir`."""
-    cfg = cfg.with_(transactions_source=os.path.abspath(transactions), available_now=True)
+def run(spark: SparkSession, cfg: JobConfig, transactions: str | None, rules: list[Rule],
+        logins: str | None = None) -> BacktestResult:  # fmt: skip
+    """Evaluate `rules` over JSON-lines files of transactions and/or logins into the tables under `cfg.data_dir`."""
+    empty = os.path.join(cfg.data_dir, "landing", "none")
+    os.makedirs(empty, exist_ok=True)
+    cfg = cfg.with_(transactions_source=os.path.abspath(transactions or empty), available_now=True,
+                    logins=logins is not None, logins_source=logins and os.path.abspath(logins))  # fmt: skip
     tables.ensure(spark, cfg)
     rulebook.upsert(spark, cfg, rules, author="backtest")
     started = time.time()
@@ -65,9 +61,15 @@ def run(spark: SparkSession, cfg: JobConfig, transactions: str, rules: list[Rule
     seconds = time.time() - started
     alerts = tables.read(spark, cfg, "alerts")
     per_rule = Counter({r.ruleId: r["count"] for r in alerts.groupBy("ruleId").count().collect()})
-    late = tables.read(spark, cfg, "late_events").select("transactionId").distinct().count()
+    late = (
+        tables.read(spark, cfg, "late_events")
+        .select("kind", "transactionId", "userId", "eventTimeMs")
+        .distinct()
+        .count()
+    )
     return BacktestResult(
         transactions=tables.read(spark, cfg, "transactions").count(),
+        logins=tables.read(spark, cfg, "logins").count(),
         quarantined=tables.read(spark, cfg, "quarantine").count(),
         late=late,
         alerts=sum(per_rule.values()),
@@ -78,12 +80,14 @@ def run(spark: SparkSession, cfg: JobConfig, transactions: str, rules: list[Rule
 
 def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value."""
-    rows = tables.read(spark, cfg, "alerts").orderBy("ruleId", "transactionId").select(*ALERT_FIELDS)
+    rows = tables.read(spark, cfg, "alerts").orderBy("ruleId", "transactionId", "userId", "eventTimeMs")
+    rows = rows.select(*ALERT_FIELDS)
     n = 0
     with open(out, "w", encoding="utf-8") as fh:
         for row in rows.toLocalIterator():
             record = row.asDict()
             record["key"] = json.loads(record["key"])
+            record["details"] = json.loads(record["details"]) if record["details"] else None
             fh.write(to_json_line(record) + "\n")
             n += 1
     return n

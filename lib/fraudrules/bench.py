@@ -91,12 +91,14 @@ def latency(spark, root: str, rate: float, seconds: float, shards: int) -> list[
     cfg = JobConfig(data_dir=os.path.join(root, "latency"), shards=shards)
     _fresh(cfg, spark)
     running = job.start(spark, cfg, printer=None)
-    warm = RateWriter(cfg.landing, Workload(count=2_000, seed=99, first_id=10**9), rate=rate, limit=int(rate))
+    warm = RateWriter(cfg.landing, Workload(count=2_000, seed=99, first_id=10**9).transactions(), rate=rate,
+                      limit=int(rate))  # fmt: skip
     warm.start()
     warm.join()
     running.process_all_available()
     since = int(time.time() * 1000)
-    writer = RateWriter(cfg.landing, Workload(count=int(rate * seconds) + 10), rate=rate, limit=int(rate * seconds))
+    writer = RateWriter(cfg.landing, Workload(count=int(rate * seconds) + 10).transactions(), rate=rate,
+                        limit=int(rate * seconds))  # fmt: skip
     writer.start()
     writer.join()
     running.process_all_available()

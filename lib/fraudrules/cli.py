@@ -34,12 +34,12 @@ def _rules_path(name_or_path: str | None) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fraudrules import job, rulebook, tables
-    from fraudrules.generator import RateWriter, Workload
+    from fraudrules.generator import LoginWorkload, RateWriter, Workload
     from fraudrules.progress import ProgressPrinter
     from fraudrules.rules import load_rules_file
     from fraudrules.session import get_spark
 
-    cfg = _cfg(args, trigger_seconds=args.trigger_seconds)
+    cfg = _cfg(args, trigger_seconds=args.trigger_seconds, logins=True)
     spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
     tables.ensure(spark, cfg)
     if not rulebook.current(spark, cfg):
@@ -47,17 +47,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"loaded rules from {_rules_path(args.rules)}")
     spark.streams.addListener(ProgressPrinter())
     running = job.start(spark, cfg)
-    writer = None
+    writers = []
     if args.rate > 0:
         first_id = int(time.time() * 1000) * 1000  # fresh ids on every start
-        writer = RateWriter(
-            cfg.landing,
-            Workload(count=10**9, seed=first_id % 2**32, first_id=first_id, burst_every=500),
-            rate=args.rate,
-            realtime=True,
-        )
-        writer.start()
-        print(f"generating {args.rate:g} transactions/s into {cfg.landing}")
+        transactions = Workload(count=10**12, seed=first_id % 2**32, first_id=first_id, burst_every=500)
+        writers.append(RateWriter(cfg.landing, transactions.transactions(), rate=args.rate, realtime=True))
+        logins = LoginWorkload(count=10**12, seed=first_id % 2**31, attack_every=200)
+        writers.append(RateWriter(cfg.logins_landing, logins.events(), rate=max(1.0, args.rate / 10), realtime=True,
+                                  time_field="eventTimestamp"))  # fmt: skip
+        for writer in writers:
+            writer.start()
+        print(f"generating {args.rate:g} transactions/s into {cfg.landing} and logins into {cfg.logins_landing}")
     print(f"tables under {os.path.abspath(cfg.data_dir)}/tables; Ctrl-C stops")
     deadline = time.time() + args.seconds if args.seconds else None
     try:
@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping…")
     finally:
-        if writer:
+        for writer in writers:
             writer.stop()
         running.stop()
         failed = [q.exception() for q in running.queries if q.exception()]
@@ -83,6 +83,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from fraudrules.rules import RuleError, load_rules_file
     from fraudrules.session import get_spark
 
+    if not (args.transactions or args.logins):
+        print("backtest needs --transactions and/or --logins", file=sys.stderr)
+        return 2
     try:
         rules = load_rules_file(args.rules)
     except (RuleError, OSError) as err:
@@ -93,7 +96,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cfg = _cfg(args).with_(data_dir=work, max_files_per_trigger=args.max_files_per_trigger)
     spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
-    result = backtest.run(spark, cfg, args.transactions, rules)
+    result = backtest.run(spark, cfg, args.transactions, rules, logins=args.logins)
     n = backtest.write_alerts(spark, cfg, args.out)
     print(result.summary())
     print(f"wrote {n} alerts to {args.out} (tables in {work})")
@@ -169,6 +172,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo_rules(args: argparse.Namespace) -> int:
+    from fraudrules import demo
+
+    return demo.main(args.data_dir, args.rate, args.step_seconds)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from fraudrules import bench
 
@@ -193,7 +202,8 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     bt = sub.add_parser("backtest", parents=[common], help="evaluate rules over files of transactions")
-    bt.add_argument("--transactions", required=True, help="JSON-lines file or folder")
+    bt.add_argument("--transactions", help="JSON-lines file or folder of transactions")
+    bt.add_argument("--logins", help="JSON-lines file or folder of login events (login anomaly rules)")
     bt.add_argument("--rules", required=True, help="JSON list of rules")
     bt.add_argument("--out", required=True, help="alerts as JSON lines")
     bt.add_argument("--max-files-per-trigger", type=int, default=None)
@@ -219,6 +229,12 @@ def parser() -> argparse.ArgumentParser:
     ru.add_argument("target", nargs="?", help="rules file or - (put), or a ruleId")
     ru.add_argument("--author", default=os.environ.get("USER", "cli"))
     ru.set_defaults(func=cmd_rules)
+
+    dr = sub.add_parser("demo-rules", help="rule changes applied to a running job, with apply delays")
+    dr.add_argument("--data-dir", default="data/demo-rules")
+    dr.add_argument("--rate", type=float, default=100.0)
+    dr.add_argument("--step-seconds", type=float, default=12.0)
+    dr.set_defaults(func=cmd_demo_rules)
 
     be = sub.add_parser("bench", help="throughput and latency benchmark")
     be.add_argument("--data-dir", default="bench/work")

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, replace
 
 TABLES = (
-    "transactions", "quarantine", "rules", "rule_history", "rule_errors", "rules_export", "rule_applied",
+    "transactions", "logins", "quarantine", "rules", "rule_history", "rule_errors", "rules_export", "rule_applied",
     "alerts", "late_events", "batches",
 )  # fmt: skip
 
@@ -24,7 +24,8 @@ class JobConfig:
     available_now: bool = False
     max_files_per_trigger: int | None = None
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
-    quiet: bool = False
+    logins: bool = False  # also run the login anomaly detector (seed 000)
+    logins_source: str | None = None  # folder of login-event JSON-lines files; default <data>/landing/logins
 
     @property
     def uses_catalog(self) -> bool:
@@ -46,6 +47,10 @@ class JobConfig:
     def rules_landing(self) -> str:
         """Folder of rule change files (JSON list or object per file), the local stand-in for the rules topic."""
         return os.path.abspath(os.path.join(self.data_dir, "landing", "rules"))
+
+    @property
+    def logins_landing(self) -> str:
+        return os.path.abspath(self.logins_source or os.path.join(self.data_dir, "landing", "logins"))
 
     @property
     def landing(self) -> str:

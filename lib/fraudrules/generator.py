@@ -87,24 +87,17 @@ def _write_file(folder: str, name: str, rows: list[dict]) -> None:
 
 
 class RateWriter(threading.Thread):
-    """Writes `rate` transactions per second into a landing folder, stamping ingestionTimestamp.
+    """Writes `rate` events per second into a landing folder, stamping ingestionTimestamp.
 
-    With `realtime`, eventTime is the wall clock as well (the `make run` demo); otherwise the
-    workload's own event times are kept (benchmarks).
+    With `realtime`, the event's time field is the wall clock as well (the `make run` demo);
+    otherwise the workload's own event times are kept (benchmarks).
     """
 
-    def __init__(
-        self,
-        folder: str,
-        workload: Workload,
-        rate: float,
-        tick_s: float = 0.1,
-        realtime: bool = False,
-        limit: int | None = None,
-    ):
+    def __init__(self, folder: str, events: Iterator[dict], rate: float, tick_s: float = 0.1,
+                 realtime: bool = False, limit: int | None = None, time_field: str = "eventTime"):  # fmt: skip
         super().__init__(daemon=True, name="rate-writer")
-        self.folder, self.workload, self.rate, self.tick_s = folder, workload, rate, tick_s
-        self.realtime, self.limit = realtime, limit
+        self.folder, self.events, self.rate, self.tick_s = folder, events, rate, tick_s
+        self.realtime, self.limit, self.time_field = realtime, limit, time_field
         self.written = 0
         self._stop = threading.Event()
 
@@ -113,7 +106,6 @@ class RateWriter(threading.Thread):
 
     def run(self) -> None:
         os.makedirs(self.folder, exist_ok=True)
-        source = self.workload.transactions()
         started = time.time()
         tick = 0
         while not self._stop.is_set() and (self.limit is None or self.written < self.limit):
@@ -123,15 +115,51 @@ class RateWriter(threading.Thread):
                 due = min(due, self.limit - self.written)
             rows = []
             now = int(time.time() * 1000)
-            for tx in source:
-                tx["ingestionTimestamp"] = now
+            for event in self.events if due > 0 else ():
+                event["ingestionTimestamp"] = now
                 if self.realtime:
-                    tx["eventTime"] = now
-                rows.append(tx)
+                    event[self.time_field] = now
+                rows.append(event)
                 if len(rows) >= due:
                     break
-            if not rows:
+            if due > 0 and not rows:
                 break
-            _write_file(self.folder, f"rt-{now}-{tick:08d}.json", rows)
-            self.written += len(rows)
+            if rows:
+                _write_file(self.folder, f"rt-{now}-{tick:08d}.json", rows)
+                self.written += len(rows)
             self._stop.wait(max(0.0, started + tick * self.tick_s - time.time()))
+
+
+@dataclass(frozen=True)
+class LoginWorkload:
+    """Login events: users mostly log in from their home IP; every `attack_every` events an attacker
+    fails from several IPs and then succeeds from yet another one, within a minute."""
+
+    count: int = 10_000
+    users: int = 500
+    events_per_second: float = 50.0
+    start_ms: int = 1_700_000_000_000
+    seed: int = 11
+    attack_every: int = 400
+    fail_rate: float = 0.05
+
+    def events(self) -> Iterator[dict]:
+        rng = np.random.default_rng(self.seed)
+        clock, i = float(self.start_ms), 0
+        while i < self.count:
+            clock += float(rng.exponential(1000.0 / self.events_per_second))
+            user = int(rng.integers(1, self.users + 1))
+            if self.attack_every and i % self.attack_every == self.attack_every - 1:
+                for k in range(4):  # 3 failures from 3 IPs, then a success from a 4th
+                    kind = "FAIL" if k < 3 else "SUCCESS"
+                    yield _login(user, kind, f"203.0.113.{(i + k) % 250 + 1}", int(clock) + k * 5_000)
+                clock += 20_000
+                i += 4
+                continue
+            kind = "FAIL" if rng.random() < self.fail_rate else "SUCCESS"
+            yield _login(user, kind, f"10.{user // 250}.{user % 250}.1", int(clock))
+            i += 1
+
+
+def _login(user: int, kind: str, ip: str, t: int) -> dict:
+    return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}

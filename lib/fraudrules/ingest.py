@@ -6,6 +6,8 @@ defines "source order" for events with equal eventTime.
 
 from __future__ import annotations
 
+import os
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -26,6 +28,9 @@ def file_source(spark: SparkSession, folder: str, max_files: int | None = None) 
     reader = spark.readStream
     if max_files:
         reader = reader.option("maxFilesPerTrigger", str(max_files))
+    if os.path.isfile(folder):  # the file source reads folders: watch the file's folder for that name only
+        reader = reader.option("pathGlobFilter", os.path.basename(folder))
+        folder = os.path.dirname(os.path.abspath(folder))
     files = reader.text(folder, wholetext=True).select(
         "value",
         (F.unix_millis(F.col("_metadata.file_modification_time"))).alias("srcTime"),
@@ -68,8 +73,7 @@ def parse(raw: DataFrame) -> DataFrame:
         _long("ingestionTimestamp").alias("ingestionTimestamp"),
     )
     j = F.col("j")
-    not_object = j.isNull() | ~F.ltrim("value").startswith("{") | ~F.rtrim("value").endswith("}")
-    checks: list[tuple[Column, str]] = [(not_object, "malformed JSON: not a JSON object")]
+    checks: list[tuple[Column, str]] = [(_not_object(j), "malformed JSON: not a JSON object")]
     for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType"):
         checks.append((j[name].isNull(), f"missing {name}"))
     for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId"):
@@ -83,24 +87,63 @@ def parse(raw: DataFrame) -> DataFrame:
         (j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
          "ingestionTimestamp is not an integer"),
     ]  # fmt: skip
-    error = F.lit(None).cast("string")
-    for cond, reason in reversed(checks):
-        error = F.when(cond, F.lit(reason)).otherwise(error)
     return typed.select(
         "*",
         F.col("amount10").cast("decimal(20,2)").alias("paymentAmount"),
-        error.alias("error"),
+        _reason(checks).alias("error"),
     ).drop("amount10", "j")
 
 
+LOGIN_SCHEMA = "userId string, eventType string, ipAddress string, eventTimestamp string, ingestionTimestamp string"
+EVENT_TYPES = ("FAIL", "SUCCESS")
+
+
+def _reason(checks: list[tuple[Column, str]]) -> Column:
+    """The first failing check's reason, or null."""
+    error = F.lit(None).cast("string")
+    for cond, reason in reversed(checks):
+        error = F.when(cond, F.lit(reason)).otherwise(error)
+    return error
+
+
+def parse_logins(raw: DataFrame) -> DataFrame:
+    """Typed login events plus `error` (null when valid)."""
+    df = raw.withColumn("j", F.from_json("value", LOGIN_SCHEMA))
+    typed = df.select(
+        *RAW_COLUMNS, "j",
+        _long("userId").alias("userId"), F.col("j.eventType").alias("eventType"),
+        F.trim("j.ipAddress").alias("ipAddress"), _long("eventTimestamp").alias("eventTimestamp"),
+        _long("ingestionTimestamp").alias("ingestionTimestamp"),
+    )  # fmt: skip
+    j = F.col("j")
+    checks = [(_not_object(j), "malformed JSON: not a JSON object")]
+    checks += [(j[n].isNull(), f"missing {n}") for n in ("userId", "eventType", "ipAddress", "eventTimestamp")]
+    checks += [
+        (F.col("userId").isNull(), "userId is not an integer"),
+        (F.col("eventTimestamp").isNull(), "eventTimestamp is not an integer"),
+        (~F.col("eventType").isin(*EVENT_TYPES), "unknown eventType (expected FAIL or SUCCESS)"),
+        (F.col("ipAddress") == "", "empty ipAddress"),
+        ((F.col("eventTimestamp") < 0) | (F.col("eventTimestamp") > MAX_EVENT_TIME_MS), "eventTimestamp out of range"),
+        (j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
+         "ingestionTimestamp is not an integer"),
+    ]  # fmt: skip
+    return typed.withColumn("error", _reason(checks)).drop("j")
+
+
+def _not_object(j: Column) -> Column:
+    return j.isNull() | ~F.ltrim("value").startswith("{") | ~F.rtrim("value").endswith("}")
+
+
 def valid(parsed: DataFrame) -> DataFrame:
+    """Rows that passed every check, with a missing ingestionTimestamp as -1."""
     return parsed.where(F.col("error").isNull()).withColumn(
         "ingestionTimestamp", F.coalesce("ingestionTimestamp", F.lit(-1).cast("long"))
     )
 
 
-def write_batch(parsed: DataFrame, cfg: JobConfig, batch_id: int, app_id: str) -> None:
+def write_batch(parsed: DataFrame, cfg: JobConfig, batch_id: int, app_id: str, kind: str = "transaction") -> None:
     """Bronze and quarantine rows of one micro-batch, each idempotent per batch (empty ones skipped)."""
+    bronze = "transactions" if kind == "transaction" else "logins"
     parsed.persist()
     try:
         counts = {
@@ -108,13 +151,11 @@ def write_batch(parsed: DataFrame, cfg: JobConfig, batch_id: int, app_id: str) -
         }
         now = F.current_timestamp()
         if counts.get(False):
-            tables.append(
-                valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
-                cfg, "transactions", f"{app_id}-bronze", batch_id,
-            )  # fmt: skip
+            tables.append(valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
+                          cfg, bronze, f"{app_id}-bronze", batch_id)  # fmt: skip
         if counts.get(True):
             bad = parsed.where(F.col("error").isNotNull()).select(
-                F.lit("transaction").alias("kind"), F.col("value").alias("raw"), F.col("error").alias("reason"),
+                F.lit(kind).alias("kind"), F.col("value").alias("raw"), F.col("error").alias("reason"),
                 "srcName", "srcPos", now.alias("quarantinedAt"),
             )  # fmt: skip
             tables.append(bad, cfg, "quarantine", f"{app_id}-quarantine", batch_id)

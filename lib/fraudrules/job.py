@@ -7,7 +7,6 @@ from ingestion rather than two.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -17,12 +16,15 @@ from fraudrules import ingest, keying, rulebook, tables
 from fraudrules.alerting import AlertSink, Printer
 from fraudrules.config import JobConfig
 from fraudrules.evaluation import OUTPUT_SCHEMA
+from fraudrules.logins import LOGIN_OUTPUT_SCHEMA, LoginProcessor
 from fraudrules.processor import RulesProcessor
 from fraudrules.rules import parse_rules_text
 
 INGEST_QUERY = "ingest"
 EVALUATE_QUERY = "evaluate"
 RULES_QUERY = "rules"
+LOGINS_INGEST_QUERY = "ingest_logins"
+LOGINS_QUERY = "detect_logins"
 
 
 def raw_transactions(spark: SparkSession, cfg: JobConfig) -> DataFrame:
@@ -87,15 +89,21 @@ class RuleChangeSink:
                           f"{RULES_QUERY}-errors", batch_id)  # fmt: skip
 
 
-@dataclass
 class Job:
-    ingest: StreamingQuery
-    evaluate: StreamingQuery
-    rules: StreamingQuery
+    """The running queries of the job, by name."""
+
+    def __init__(self, queries: dict[str, StreamingQuery]):
+        self.by_name = queries
+
+    def __getattr__(self, name: str) -> StreamingQuery:
+        try:
+            return self.__dict__["by_name"][name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     @property
     def queries(self) -> list[StreamingQuery]:
-        return [self.rules, self.ingest, self.evaluate]
+        return list(self.by_name.values())
 
     def wait(self) -> None:
         for q in self.queries:
@@ -111,13 +119,38 @@ class Job:
                 q.stop()
 
 
+def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
+    """Login records → detector rules fan-out → per-user sequences: the login processor's output rows."""
+    events = ingest.valid(ingest.parse_logins(raw))
+    events = (
+        events.withColumn("wm_ts", F.timestamp_millis("eventTimestamp"))
+        .withWatermark("wm_ts", f"{cfg.lateness_ms} milliseconds")
+        .drop("wm_ts")
+    )  # same trick as evaluate()
+    keyed = keying.key_logins(events, keying.active_login_rules(spark, cfg), cfg.shards)
+    return keyed.groupBy("shard").transformWithStateInPandas(LoginProcessor(), LOGIN_OUTPUT_SCHEMA, "append",
+                                                             "EventTime")  # fmt: skip
+
+
 def start(spark: SparkSession, cfg: JobConfig, raw: DataFrame | None = None, printer: Printer | None = print) -> Job:
-    """Create missing tables and start both queries on `raw` (the configured source by default)."""
+    """Create missing tables and start the queries: rules, ingest + evaluate, and (cfg.logins) the login ones."""
     tables.ensure(spark, cfg)
     raw = raw if raw is not None else raw_transactions(spark, cfg)
-    ingest_q = _start(
-        ingest.parse(raw), cfg, INGEST_QUERY, lambda df, bid: ingest.write_batch(df, cfg, bid, INGEST_QUERY)
-    )
-    eval_q = _start(evaluate(spark, cfg, raw), cfg, EVALUATE_QUERY, AlertSink(cfg, EVALUATE_QUERY, printer))
-    rules_q = _start(rule_changes(spark, cfg), cfg, RULES_QUERY, RuleChangeSink(cfg, printer))
-    return Job(ingest_q, eval_q, rules_q)
+    queries = {
+        RULES_QUERY: _start(rule_changes(spark, cfg), cfg, RULES_QUERY, RuleChangeSink(cfg, printer)),
+        INGEST_QUERY: _start(ingest.parse(raw), cfg, INGEST_QUERY,
+                             lambda df, bid: ingest.write_batch(df, cfg, bid, INGEST_QUERY)),
+        EVALUATE_QUERY: _start(evaluate(spark, cfg, raw), cfg, EVALUATE_QUERY, AlertSink(cfg, EVALUATE_QUERY, printer)),
+    }  # fmt: skip
+    if cfg.logins:
+        os.makedirs(cfg.logins_landing, exist_ok=True)
+        logins = ingest.file_source(spark, cfg.logins_landing, cfg.max_files_per_trigger)
+        queries[LOGINS_INGEST_QUERY] = _start(
+            ingest.parse_logins(logins),
+            cfg,
+            LOGINS_INGEST_QUERY,
+            lambda df, bid: ingest.write_batch(df, cfg, bid, LOGINS_INGEST_QUERY, kind="login"),
+        )
+        queries[LOGINS_QUERY] = _start(detect_logins(spark, cfg, logins), cfg, LOGINS_QUERY,
+                                       AlertSink(cfg, LOGINS_QUERY, printer, logins=True))  # fmt: skip
+    return Job(queries)

@@ -13,7 +13,10 @@ from pyspark.sql import functions as F
 from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.evaluation import KEYED_COLUMNS
-from fraudrules.rules import COUNT_FIELDS
+from fraudrules.logins import LOGIN_COLUMNS
+from fraudrules.rules import COUNT_FIELDS, LOGIN_RULE
+
+WINDOW_RULE = "WINDOW"
 
 _FILTER_TERM = """
 CASE c.op
@@ -36,7 +39,7 @@ END
 def active_rules(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     """ACTIVE rules, each carrying the whole active set ("ruleId:sig:windowMs,...") and the state epoch."""
     everything = tables.read(spark, cfg, "rules")
-    rules = everything.where("ruleState = 'ACTIVE'")
+    rules = everything.where(f"ruleState = 'ACTIVE' AND coalesce(ruleType, 'WINDOW') = '{WINDOW_RULE}'")
     active_set = rules.agg(
         F.array_join(F.collect_list(F.concat_ws(":", "ruleId", "sig", "windowMs")), ",").alias("active")
     )
@@ -73,6 +76,23 @@ def key_transactions(transactions: DataFrame, rules: DataFrame, shards: int) -> 
     keyed = keyed.drop("ruleId").withColumnRenamed("ruleIdL", "ruleId")
     keyed = keyed.withColumn("shard", F.pmod(F.xxhash64("ruleId", "key"), F.lit(shards)).cast("int"))
     return keyed.select(*KEYED_COLUMNS)
+
+
+def active_login_rules(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    """ACTIVE login-anomaly rules, each carrying all of them as "ruleId:windowMs,..."."""
+    rules = tables.read(spark, cfg, "rules").where(f"ruleState = 'ACTIVE' AND ruleType = '{LOGIN_RULE}'")
+    active_set = rules.agg(F.array_join(F.collect_list(F.concat_ws(":", "ruleId", "windowMs")), ",").alias("active"))
+    return rules.crossJoin(active_set)
+
+
+def key_logins(logins: DataFrame, rules: DataFrame, shards: int) -> DataFrame:
+    """Login events fanned out to the ACTIVE detector rules, sharded by (rule, user)."""
+    keyed = logins.crossJoin(F.broadcast(rules)).select(
+        "*", F.col("version").alias("ruleVersion"), F.xxhash64("srcName").alias("srcId"),
+        F.col("ruleId").cast("long").alias("ruleIdL"),
+    ).drop("ruleId").withColumnRenamed("ruleIdL", "ruleId")  # fmt: skip
+    keyed = keyed.withColumn("shard", F.pmod(F.xxhash64("ruleId", "userId"), F.lit(shards)).cast("int"))
+    return keyed.select(*LOGIN_COLUMNS)
 
 
 def preview(spark: SparkSession, cfg: JobConfig, transactions: DataFrame) -> DataFrame:

@@ -73,11 +73,12 @@ def checkpoint_dir(data_dir: str, query: str = EVALUATE_QUERY) -> Path:
 # ------------------------------------------------------------------------------- Delta without a JVM
 
 
-def delta_files(path: str | Path) -> list[dict]:
-    """The live data files of a Delta table (`add` actions), from its last checkpoint plus later commits.
+def delta_snapshot(path: str | Path) -> tuple[list[dict], list[str]]:
+    """The live data files (`add` actions) and column names of a Delta table, from its last checkpoint plus
+    later commits.
 
     Handles classic single- and multi-part checkpoints. Tables whose files carry deletion vectors, or
-    that use V2 checkpoints, are refused rather than misread.
+    that use V2 checkpoints, are refused (NotImplementedError) rather than misread.
     """
     import pyarrow.parquet as pq
 
@@ -85,6 +86,7 @@ def delta_files(path: str | Path) -> list[dict]:
     if not log.is_dir():
         raise FileNotFoundError(f"no Delta table at {path}")
     files: dict[str, dict] = {}
+    schema = None
     start = 0
     last = log / "_last_checkpoint"
     if last.exists():
@@ -99,9 +101,13 @@ def delta_files(path: str | Path) -> list[dict]:
             else [f"{version:020d}.checkpoint.parquet"]
         )
         for name in names:
-            for add in pq.read_table(log / name, columns=["add"]).column("add").to_pylist():
+            checkpoint = pq.read_table(log / name, columns=["add", "metaData"])
+            for add in checkpoint.column("add").to_pylist():
                 if add:
                     files[add["path"]] = add
+            for meta in checkpoint.column("metaData").to_pylist():
+                if meta:
+                    schema = meta["schemaString"]
         start = version + 1
     commits = sorted((int(p.name[:20]), p) for p in log.glob("*.json") if p.name[:20].isdigit() and len(p.name) == 25)
     for version, commit in commits:
@@ -115,27 +121,54 @@ def delta_files(path: str | Path) -> list[dict]:
                 files[action["add"]["path"]] = action["add"]
             elif "remove" in action:
                 files.pop(action["remove"]["path"], None)
+            elif "metaData" in action:
+                schema = action["metaData"]["schemaString"]
     for add in files.values():
         if add.get("deletionVector"):
             raise NotImplementedError(f"{path}: deletion vectors are not read here; read the table with Spark")
-    return list(files.values())
+    columns = [f["name"] for f in json.loads(schema)["fields"]] if schema else []
+    return list(files.values()), columns
+
+
+def delta_files(path: str | Path) -> list[dict]:
+    """The live data files (`add` actions) of a Delta table; see `delta_snapshot`."""
+    return delta_snapshot(path)[0]
+
+
+def _data_file(table: Path, add: dict) -> str:
+    from urllib.parse import unquote, urlparse
+
+    if add.get("partitionValues"):
+        raise NotImplementedError(f"{table}: partitioned tables are not read here")
+    url = urlparse(add["path"])
+    if url.scheme in ("", "file"):
+        path = Path(unquote(url.path))
+        return str(path if path.is_absolute() else table / path)
+    raise NotImplementedError(f"{table}: data file {add['path']} is not local")
+
+
+def read_delta(path: str | Path, columns: list[str] | None = None, newest_files: int | None = None):
+    """A local Delta table (or its `newest_files` newest data files) as pandas, without Spark."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    adds, names = delta_snapshot(path)
+    adds = sorted(adds, key=lambda a: a.get("modificationTime", 0), reverse=True)
+    if newest_files is not None:
+        adds = adds[:newest_files]
+    parts = [pq.read_table(_data_file(Path(path), add), columns=columns) for add in adds]
+    rows = [t for t in parts if t.num_rows]
+    if rows:
+        return pa.concat_tables(rows, promote_options="default").to_pandas()
+    if parts:  # typed, empty
+        return parts[0].to_pandas()
+    return pd.DataFrame(columns=columns or names)
 
 
 def read_newest(path: str | Path, columns: list[str], max_files: int = 64):
     """Rows of the newest `max_files` data files of a Delta table (by modification time) as pandas."""
-    from urllib.parse import unquote
-
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    adds = sorted(delta_files(path), key=lambda a: a.get("modificationTime", 0), reverse=True)[:max_files]
-    frames = []
-    for add in adds:
-        if add.get("partitionValues"):
-            raise NotImplementedError(f"{path}: partitioned tables are not read here")
-        frames.append(pq.read_table(Path(path) / unquote(add["path"]), columns=columns).to_pandas())
-    frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    return read_delta(path, columns, newest_files=max_files)
 
 
 # ---------------------------------------------------------------------------------------------- health
@@ -366,6 +399,9 @@ def start(
         return {"started": False, "pid": current["pid"], "reason": "already running", "log": current["log"]}
     rdir = run_dir(data_dir)
     rdir.mkdir(parents=True, exist_ok=True)
+    # `fraudrules run` starts its file source before its generator writes the first file, and Spark refuses
+    # a missing source folder: create it, so that a fresh data dir starts.
+    landing_dir(data_dir).mkdir(parents=True, exist_ok=True)
     python = python or sys.executable
     cmd = [python, "-m", "fraudrules.cli", "run", "--data-dir", str(Path(data_dir).resolve()), "--rate", f"{rate:g}"]
     if seconds:

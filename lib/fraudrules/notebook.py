@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,15 +21,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from fraudrules import analysis, backtest, ingest, job, rulebook, tables
-from fraudrules.alerting import AlertSink
+from fraudrules.alerting import AlertSink, Printer
 from fraudrules.backtest import BacktestResult
-from fraudrules.config import JobConfig
+from fraudrules.config import TABLES, JobConfig
 from fraudrules.generator import Workload, write_jsonl
 from fraudrules.rules import Rule, load_rules_file, parse_rule
 from fraudrules.session import on_databricks
 
 ENV_PREFIX = "FRAUDRULES_"
-QUERIES = (job.INGEST_QUERY, job.EVALUATE_QUERY)
+QUERIES = (job.INGEST_QUERY, job.EVALUATE_QUERY, job.RULES_QUERY)
 SHADOW_OFFSET = 1_000_000  # a candidate rule replays beside the live one under this offset id
 # Records the local workload adds to the landing folder so that the quarantine has something to show.
 INVALID_RECORDS = (
@@ -103,7 +103,7 @@ def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[s
     """Tables, rules and (when asked) a landing workload, so a notebook also runs on a fresh data dir.
 
     - tables are created if missing;
-    - an empty rules table gets the rules of `p["rules_file"]` (the sample rules by default);
+    - an empty rules table gets the rules of `p["rules_file"]` (with `generate`, the sample rules by default);
     - `p["kafka_bootstrap"]` must be empty: the Kafka source is not part of this version;
     - with `p["generate"]` true, an empty landing folder gets `p["transactions"]` generated
       transactions (plus a few invalid records, which the ingest quarantines).
@@ -113,22 +113,39 @@ def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[s
             "kafka_bootstrap is set, but this version of fraudrules reads transactions from files only "
             f"({cfg.landing}); leave it empty"
         )
-    tables.ensure(spark, cfg)
+    created = ensure_tables(spark, cfg)
+    current = rulebook.current(spark, cfg)
     loaded = 0
-    if not rulebook.current(spark, cfg):
-        loaded = len(rulebook.upsert(spark, cfg, load_rules_file(_opt(p, "rules_file") or sample_rules_path())))
+    rules_file = _opt(p, "rules_file") or (sample_rules_path() if flag(p.get("generate", "false")) else None)
+    if not current and rules_file:
+        rows = rulebook.upsert(spark, cfg, load_rules_file(rules_file), author="notebook")
+        current, loaded = {r["ruleId"]: r for r in rows}, len(rows)
     generated = 0
     if flag(p.get("generate", "false")) and not _has_files(cfg.landing):
         generated = generate_workload(cfg.landing, int(p.get("transactions", "3000")), int(p.get("seed", "7")))
-    active = sum(1 for r in rulebook.current(spark, cfg).values() if r["ruleState"] == "ACTIVE")
-    return {"rules_loaded": loaded, "active_rules": active, "generated": generated}
+    active = sum(1 for r in current.values() if r["ruleState"] == "ACTIVE")
+    return {"tables_created": len(created), "rules_loaded": loaded, "active_rules": active, "generated": generated}
+
+
+def ensure_tables(spark: SparkSession, cfg: JobConfig) -> list[str]:
+    """Create the project tables that do not exist yet (only those: creating is slow); returns their names."""
+    missing = [name for name in TABLES if not _table_exists(spark, cfg, name)]
+    if missing:
+        tables.ensure(spark, cfg, *missing)
+    return missing
+
+
+def _table_exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
+    if cfg.uses_catalog:
+        return bool(spark.catalog.tableExists(cfg.table(name)))
+    return os.path.isdir(os.path.join(cfg.table(name), "_delta_log"))
 
 
 def _has_files(folder: str) -> bool:
     return os.path.isdir(folder) and any(not n.startswith((".", "_")) for n in os.listdir(folder))
 
 
-def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 1_000, invalid: bool = True) -> int:
+def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 500, invalid: bool = True) -> int:
     """A small reproducible workload stamped with ingestionTimestamp.
 
     Five transactions a second of event time (3,000 span ten minutes) and a burst every 250.
@@ -145,21 +162,24 @@ def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 1_
     return n
 
 
-def start_query(spark: SparkSession, cfg: JobConfig, name: str) -> StreamingQuery:
-    """One of the job's two queries (`ingest` or `evaluate`), as `job.start` starts it.
+def start_query(spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print) -> StreamingQuery:
+    """One of the job's queries (`ingest`, `evaluate` or `rules`), started as `job.start` starts it.
 
-    Each notebook task of the continuous job runs one query, so the two can be restarted apart.
+    The continuous job runs them from separate notebook tasks, so that each restarts on its own.
     """
     if name not in QUERIES:
         raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
-    tables.ensure(spark, cfg)
-    raw = job.raw_transactions(spark, cfg)
+    ensure_tables(spark, cfg)
+    sink: Any
     if name == job.INGEST_QUERY:
-        df = ingest.parse(raw)
-        sink: Any = lambda batch, batch_id: ingest.write_batch(batch, cfg, batch_id, job.INGEST_QUERY)  # noqa: E731
+        df = ingest.parse(job.raw_transactions(spark, cfg))
+        sink = lambda batch, batch_id: ingest.write_batch(batch, cfg, batch_id, job.INGEST_QUERY)  # noqa: E731
+    elif name == job.EVALUATE_QUERY:
+        df = job.evaluate(spark, cfg, job.raw_transactions(spark, cfg))
+        sink = AlertSink(cfg, job.EVALUATE_QUERY, printer)
     else:
-        df = job.evaluate(spark, cfg, raw)
-        sink = AlertSink(cfg, job.EVALUATE_QUERY, None if cfg.quiet else print)
+        df = job.rule_changes(spark, cfg)
+        sink = job.RuleChangeSink(cfg, printer)
     writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
     if cfg.available_now:
         writer = writer.trigger(availableNow=True)
@@ -168,36 +188,55 @@ def start_query(spark: SparkSession, cfg: JobConfig, name: str) -> StreamingQuer
     return writer.start()
 
 
-def run_query(spark: SparkSession, cfg: JobConfig, name: str) -> dict[str, Any]:
-    """Start one query and wait for it: to completion with available-now, for as long as it runs otherwise.
+def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str]) -> dict[str, Any]:
+    """Start the named queries ("rules,evaluate" or a list) and wait for them: to completion with
+    available-now, for as long as they run otherwise (the continuous job). A failed query raises.
 
-    Returns its micro-batches' progress (`progress`: one dict per batch, as Spark reports it) and the
-    input rows over all of them; a failed query raises.
+    Returns, per query, its micro-batches' progress as Spark reports it (`progress`), plus the
+    number of batches and of input rows over all of them.
     """
-    query = start_query(spark, cfg, name)
-    query.awaitTermination()
-    progress = [json.loads(pr.json) for pr in query.recentProgress]
-    return {
-        "query": name,
-        "batches": len(progress),
-        "inputRows": sum(int(pr["numInputRows"]) for pr in progress),
-        "progress": progress,
-    }
+    wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+    started = [start_query(spark, cfg, n) for n in wanted if n]
+    try:
+        for query in started:
+            query.awaitTermination()
+    finally:
+        for query in started:
+            if query.isActive:
+                query.stop()
+    out = {}
+    for query in started:
+        progress = [json.loads(pr.json) for pr in query.recentProgress]
+        out[query.name] = {
+            "batches": len(progress),
+            "inputRows": sum(int(pr["numInputRows"]) for pr in progress),
+            "progress": progress,
+        }
+    return out
 
 
-def catch_up(spark: SparkSession, cfg: JobConfig) -> list[dict[str, Any]]:
-    """Locally, when a query has never run (its table is empty), run it over the landing folder.
+def run_query(spark: SparkSession, cfg: JobConfig, name: str) -> dict[str, Any]:
+    """`run_queries` for one query: its {batches, inputRows, progress}."""
+    return run_queries(spark, cfg, [name])[name]
+
+
+def catch_up(
+    spark: SparkSession, cfg: JobConfig, queries: Sequence[str] = (job.INGEST_QUERY, job.EVALUATE_QUERY)
+) -> list[dict[str, Any]]:
+    """Locally, run each of `queries` that never ran (its table is still empty) over the landing folder.
 
     This lets a notebook run on a fresh data dir; on Databricks the continuous job does this.
     """
     if on_databricks() or not cfg.available_now:
         return []
-    done = []
-    if tables.read(spark, cfg, "transactions").isEmpty():
-        done.append(run_query(spark, cfg, job.INGEST_QUERY))
-    if tables.read(spark, cfg, "batches").where(f"query = '{job.EVALUATE_QUERY}'").isEmpty():
-        done.append(run_query(spark, cfg, job.EVALUATE_QUERY))
-    return [{k: v for k, v in d.items() if k != "progress"} for d in done]
+    todo = []
+    if job.INGEST_QUERY in queries and tables.read(spark, cfg, "transactions").isEmpty():
+        todo.append(job.INGEST_QUERY)
+    evaluated = tables.read(spark, cfg, "batches").where(F.col("query") == job.EVALUATE_QUERY)
+    if job.EVALUATE_QUERY in queries and evaluated.isEmpty():
+        todo.append(job.EVALUATE_QUERY)
+    done = {name: run_query(spark, cfg, name) for name in todo}  # one after the other: 2 cores
+    return [{"query": name, "batches": d["batches"], "inputRows": d["inputRows"]} for name, d in done.items()]
 
 
 def scratch_config(cfg: JobConfig, folder: str) -> JobConfig:
@@ -226,7 +265,7 @@ def backtest_candidate(
     replay = [analysis.with_rule_id(candidate, shadow_id)]
     if live is not None and live.state == "ACTIVE":
         replay.insert(0, live)
-    bt_cfg = scratch_config(cfg, work_dir).with_(quiet=True)
+    bt_cfg = scratch_config(cfg, work_dir)
     result = backtest.run(spark, bt_cfg, transactions, replay)
     alerts = tables.read(spark, bt_cfg, "alerts")
     compared = analysis.compare_alerts(

@@ -26,6 +26,7 @@ NUMERIC_FIELDS: dict[str, int] = {
 TEXT_FIELDS = frozenset({"paymentType"})
 TRANSACTION_FIELDS = frozenset(NUMERIC_FIELDS) | TEXT_FIELDS
 
+LOGIN_RULE = "LOGIN_ANOMALY"
 COUNT_FIELD = "COUNT_FLINK"
 RESET_FIELD = "COUNT_WITH_RESET_FLINK"
 COUNT_FIELDS = frozenset({COUNT_FIELD, RESET_FIELD})
@@ -74,6 +75,9 @@ class Rule:
     filter: tuple[Condition, ...] = ()
     unique: tuple[str, ...] = ()
     version: int = 0
+    rule_type: str = "WINDOW"  # or LOGIN_ANOMALY (seed 000's detector)
+    min_failures: int = 3
+    min_distinct_ips: int = 2
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -97,13 +101,17 @@ class Rule:
     @property
     def sig(self) -> int:
         """Signature of what retained events depend on; a change starts the rule's windows afresh."""
-        basis = json.dumps([list(self.grouping_key_names), self.field, list(self.unique)])
+        basis = json.dumps([self.rule_type, list(self.grouping_key_names), self.field, list(self.unique)])
         return zlib.crc32(basis.encode())
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ruleId": self.rule_id, "ruleState": self.state}
         if self.state == "CONTROL":
             out["controlType"] = self.control_type
+            return out
+        if self.rule_type == LOGIN_RULE:
+            out.update(ruleType=LOGIN_RULE, minFailures=self.min_failures, minDistinctIps=self.min_distinct_ips,
+                       windowMinutes=self.window_minutes)  # fmt: skip
             return out
         out.update(
             groupingKeyNames=list(self.grouping_key_names),
@@ -236,6 +244,11 @@ def parse_rule(obj: Any) -> Rule:
             raise RuleError(rule_id, problems)
         return Rule(rule_id=rule_id, state=state, control_type=control)
 
+    rule_type = str(obj.get("ruleType", "WINDOW")).upper()
+    if rule_type == LOGIN_RULE:
+        return _parse_login_rule(obj, rule_id, state, problems)
+    if rule_type != "WINDOW":
+        problems.append(f"ruleType {obj.get('ruleType')!r} is not one of WINDOW, {LOGIN_RULE}")
     keys = _names(obj, "groupingKeyNames", problems, required=True)
     unique = _names(obj, "unique", problems, required=False)
     field_name = obj.get("aggregateFieldName")
@@ -269,6 +282,7 @@ def parse_rule(obj: Any) -> Rule:
     known = {
         "ruleId",
         "ruleState",
+        "ruleType",
         "groupingKeyNames",
         "aggregateFieldName",
         "aggregatorFunctionType",
@@ -292,6 +306,28 @@ def parse_rule(obj: Any) -> Rule:
         unique=unique,
         extra={k: v for k, v in obj.items() if k not in known},
     )
+
+
+def _positive(obj: dict[str, Any], name: str, default: int, problems: list[str]) -> int:
+    try:
+        value = _as_int(obj.get(name, default))
+    except (InvalidOperation, ValueError, TypeError):
+        problems.append(f"{name} {obj.get(name)!r} is not a whole number")
+        return default
+    if value <= 0:
+        problems.append(f"{name} must be > 0")
+    return value
+
+
+def _parse_login_rule(obj: dict[str, Any], rule_id: int, state: str | None, problems: list[str]) -> Rule:
+    """The login anomaly detector's parameters (defaults: 3 failures, 2 distinct IPs, 10 minutes)."""
+    failures = _positive(obj, "minFailures", 3, problems)
+    ips = _positive(obj, "minDistinctIps", 2, problems)
+    window = _positive(obj, "windowMinutes", 10, problems)
+    if problems:
+        raise RuleError(rule_id, problems)
+    return Rule(rule_id=rule_id, state=str(state), rule_type=LOGIN_RULE, min_failures=failures,
+                min_distinct_ips=ips, window_minutes=window)  # fmt: skip
 
 
 def parse_rules_text(text: str) -> tuple[list[Rule], list[RuleError]]:

@@ -41,6 +41,7 @@ def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSess
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
             .config("spark.driver.memory", os.environ.get("FRAUDRULES_DRIVER_MEMORY", "4g"))
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.adaptive.enabled", "false")
             .config("spark.databricks.delta.snapshotPartitions", "1")

@@ -6,15 +6,17 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from fraudrules.config import JobConfig
-from fraudrules.job import EVALUATE_QUERY
+from fraudrules.job import EVALUATE_QUERY, LOGINS_QUERY
+from fraudrules.logins import decode as login_decode
 from fraudrules.processor import decode
 
 STATE_COLUMNS = ("shard", "ruleId", "key", "eventTime", "seq", "value")
 
 
-def raw(spark: SparkSession, cfg: JobConfig, var: str = "events", batch_id: int | None = None) -> DataFrame:
+def raw(spark: SparkSession, cfg: JobConfig, var: str = "events", batch_id: int | None = None,
+        query: str = EVALUATE_QUERY) -> DataFrame:  # fmt: skip
     spark.streams.active  # noqa: B018 - starts the state store coordinator the RocksDB reader reports to
-    reader = spark.read.format("statestore").option("path", cfg.checkpoint(EVALUATE_QUERY)).option("stateVarName", var)
+    reader = spark.read.format("statestore").option("path", cfg.checkpoint(query)).option("stateVarName", var)
     if batch_id is not None:
         reader = reader.option("batchId", str(batch_id))
     return reader.load()
@@ -41,3 +43,13 @@ def keys(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd
         .agg(events=("eventTime", "size"), oldest=("eventTime", "min"), newest=("eventTime", "max"))
         .reset_index()
     )
+
+
+def login_sequences(spark: SparkSession, cfg: JobConfig) -> pd.DataFrame:
+    """Open login sequences of the login detector: (shard, ruleId, userId, start, failedIps)."""
+    rows = []
+    for row in raw(spark, cfg, "sequences", query=LOGINS_QUERY).collect():
+        for (rule, user), seq in login_decode(bytes(row.value.blob)).items():
+            rows.append({"shard": int(row.key.shard), "ruleId": rule, "userId": user, "start": seq.start,
+                         "failedIps": seq.ips})  # fmt: skip
+    return pd.DataFrame(rows, columns=["shard", "ruleId", "userId", "start", "failedIps"])

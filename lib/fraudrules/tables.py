@@ -23,7 +23,8 @@ SCHEMAS: dict[str, str] = {
         "ruleId int, version long, ruleState string, groupingKeyNames array<string>, "
         "aggregateFieldName string, aggregatorFunctionType string, limitOperatorType string, "
         f"limit string, windowMinutes int, windowMs long, scale int, filter {FILTER_TYPE}, "
-        "unique array<string>, sig long, activeSince long, epoch long, ruleJson string, updatedAt timestamp, "
+        "unique array<string>, ruleType string, minFailures int, minDistinctIps int, "
+        "sig long, activeSince long, epoch long, ruleJson string, updatedAt timestamp, "
         "updatedBy string"
     ),
     "rule_history": (
@@ -37,16 +38,20 @@ SCHEMAS: dict[str, str] = {
     "rule_applied": (
         "ruleId int, version long, changedAt timestamp, firstEvaluatedAt timestamp, delayMs long, batchId long"
     ),
+    "logins": (
+        "userId long, eventType string, ipAddress string, eventTimestamp long, ingestionTimestamp long, raw string, "
+        "srcName string, srcPos long, ingestedAt timestamp"
+    ),
     "alerts": (
-        "alertId string, ruleId int, ruleVersion long, transactionId long, key string, "
+        "alertId string, kind string, ruleId int, ruleVersion long, transactionId long, userId long, key string, "
         "groupingKeyNames array<string>, aggregate decimal(38,18), aggregateFieldName string, "
         "aggregatorFunctionType string, limitOperatorType string, limit decimal(38,18), windowMinutes int, "
         "eventTime timestamp, eventTimeMs long, ingestionTimestamp long, producedAt timestamp, "
-        "producedAtMs long, watermarkMs long, batchId long, shard int"
+        "producedAtMs long, watermarkMs long, batchId long, shard int, message string, details string"
     ),
     "late_events": (
-        "transactionId long, ruleId int, ruleVersion long, key string, eventTimeMs long, watermarkMs long, "
-        "reason string, detectedAt timestamp, batchId long"
+        "kind string, transactionId long, userId long, ruleId int, ruleVersion long, key string, eventTimeMs long, "
+        "watermarkMs long, reason string, detectedAt timestamp, batchId long"
     ),
     "batches": (
         "query string, batchId long, committedAt timestamp, inputRows long, alerts long, lateEvents long, "

@@ -15,10 +15,12 @@ from fraudrules.rules import Rule
 class FileStream:
     """A running job whose landing folder the test fills one file (= one micro-batch) at a time."""
 
-    def __init__(self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4):
+    def __init__(self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4,
+                 logins: bool = False):  # fmt: skip
         self.spark = spark
-        self.cfg = JobConfig(data_dir=data_dir, shards=shards, lateness_ms=lateness_ms, quiet=True)
+        self.cfg = JobConfig(data_dir=data_dir, shards=shards, lateness_ms=lateness_ms, logins=logins)
         os.makedirs(self.cfg.landing, exist_ok=True)
+        os.makedirs(self.cfg.logins_landing, exist_ok=True)
         tables.ensure(spark, self.cfg)
         if rules:
             rulebook.upsert(spark, self.cfg, rules, author="test")
@@ -29,13 +31,13 @@ class FileStream:
         self.job = job.start(self.spark, self.cfg, printer=None)
         return self
 
-    def feed(self, lines: list[str | dict]) -> None:
-        """Write one file and wait until both queries have processed it."""
+    def feed(self, lines: list[str | dict], folder: str | None = None) -> None:
+        """Write one file and wait until every query has processed it."""
         text = "".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines)
         tmp = os.path.join(self.cfg.data_dir, f".f{self.files}.tmp")
         with open(tmp, "w") as fh:
             fh.write(text)
-        final = os.path.join(self.cfg.landing, f"f{self.files:05d}.json")
+        final = os.path.join(folder or self.cfg.landing, f"f{self.files:05d}.json")
         os.replace(tmp, final)
         mtime = time.time() + self.files  # strictly increasing: defines source order across files
         os.utime(final, (mtime, mtime))
@@ -53,6 +55,9 @@ class FileStream:
             fh.write(text)
         os.replace(tmp, os.path.join(folder, f"change-{self.changes:04d}.json"))
         self.job.rules.processAllAvailable()
+
+    def feed_logins(self, events: list[str | dict]) -> None:
+        self.feed(events, self.cfg.logins_landing)
 
     def stop(self) -> None:
         if self.job:

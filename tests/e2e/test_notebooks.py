@@ -1,0 +1,243 @@
+"""The analyst notebooks, executed headless top to bottom in order on one fresh data dir.
+
+Each notebook runs in its own kernel of the project's Python (as `make notebooks` does); the
+assertions read what they produced: Delta tables (from their logs, without Spark), figures, the
+exported alerts, and tagged cells' outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fraudrules import notebooks_runner
+from fraudrules.session import local_jars
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM"),
+]
+
+TRANSACTIONS = 2000
+NOTEBOOKS = [p.name for p in notebooks_runner.notebooks()]
+# Parameters per notebook (as FRAUDRULES_<KEY> variables) on top of the shared ones.
+EXTRA_ENV = {
+    "01_ingest.ipynb": {"FRAUDRULES_MAX_FILES_PER_TRIGGER": "2"},  # several bronze versions to travel to
+    "04_alerting.ipynb": {"FRAUDRULES_ALERT_RULE": "5"},  # drill into a SUM rule
+    "05_backtest.ipynb": {"FRAUDRULES_AS_OF_VERSION": "1", "FRAUDRULES_ACTIVATE": "true"},
+}
+
+
+class Run:
+    def __init__(self, root: Path):
+        self.data = root / "data"
+        self.out = root / "executed"
+        self.figures = root / "figures"
+        self.export = root / "alerts.jsonl"
+        self.executed: dict[str, Path] = {}
+        self.failed: dict[str, str] = {}
+        self.seconds: dict[str, float] = {}
+
+    def env(self, name: str) -> dict[str, str]:
+        return {
+            "FRAUDRULES_DATA_DIR": str(self.data),
+            "FRAUDRULES_FIGURES_DIR": str(self.figures),
+            "FRAUDRULES_GENERATE": "true",
+            "FRAUDRULES_TRANSACTIONS": str(TRANSACTIONS),
+            "FRAUDRULES_AVAILABLE_NOW": "true",
+            "FRAUDRULES_SHARDS": "4",
+            "FRAUDRULES_EXPORT_PATH": str(self.export),
+            **EXTRA_ENV.get(name, {}),
+        }
+
+    def table(self, name: str) -> str:
+        return str(self.data / "tables" / name)
+
+    def notebook(self, name: str) -> Path:
+        if name in self.failed:
+            pytest.fail(f"{name} failed: {self.failed[name]}")
+        if name not in self.executed:
+            pytest.skip(f"{name} did not run: an earlier notebook failed")
+        return self.executed[name]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    try:
+        local_jars()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    r = Run(tmp_path_factory.mktemp("notebooks"))
+    for name in NOTEBOOKS:  # in order: each builds on the tables the previous ones wrote
+        started = time.time()
+        try:
+            r.executed[name] = notebooks_runner.execute(
+                notebooks_runner.NOTEBOOKS_DIR / name, r.out, r.env(name), timeout=600
+            )
+        except Exception as exc:
+            r.failed[name] = f"{type(exc).__name__}: {str(exc)[-3000:]}"
+            break
+        finally:
+            r.seconds[name] = time.time() - started
+    print("notebook seconds:", {k: round(v) for k, v in r.seconds.items()})
+    return r
+
+
+# ------------------------------------------------------------------ reading results without Spark
+
+
+def delta_files(table: str, version: int | None = None) -> list[str]:
+    """Data files of a Delta table at `version` (latest by default), replaying its JSON log."""
+    log = sorted(Path(table, "_delta_log").glob("*.json"))
+    assert log, f"no Delta log under {table}"
+    files: dict[str, None] = {}
+    for entry in log:
+        if version is not None and int(entry.stem) > version:
+            break
+        for line in entry.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                assert not action["add"].get("deletionVector"), "deletion vectors are not replayed here"
+                files[action["add"]["path"]] = None
+            elif "remove" in action:
+                files.pop(action["remove"]["path"], None)
+    return [str(Path(table, p)) for p in files]
+
+
+def delta_read(table: str, version: int | None = None) -> list[dict]:
+    paths = delta_files(table, version)
+    if not paths:
+        return []
+    return pa.concat_tables([pq.read_table(p) for p in paths]).to_pylist()
+
+
+def delta_versions(table: str) -> int:
+    return len(list(Path(table, "_delta_log").glob("*.json")))
+
+
+def tagged_output(executed: Path, tag: str) -> str:
+    """text/plain result of the cell tagged `tag`."""
+    nb = json.loads(executed.read_text())
+    for cell in nb["cells"]:
+        if tag in cell.get("metadata", {}).get("tags", []):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "execute_result":
+                    text = out["data"]["text/plain"]
+                    return "".join(text) if isinstance(text, list) else text
+            raise AssertionError(f"cell {tag!r} of {executed.name} has no result")
+    raise AssertionError(f"no cell tagged {tag!r} in {executed.name}")
+
+
+def assert_figure(run: Run, name: str) -> None:
+    path = run.figures / f"{name}.png"
+    assert path.is_file(), f"missing figure {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000, f"{path} is not a plot"
+
+
+def assert_clean(executed: Path) -> None:
+    assert notebooks_runner.errors(executed) == []
+    nb = json.loads(executed.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in code), "a code cell did not run"
+    images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, "no plot was shown"
+
+
+# ------------------------------------------------------------------ one test per notebook
+
+
+def test_notebooks_found():
+    assert NOTEBOOKS == [
+        "01_ingest.ipynb",
+        "02_dynamic_keying.ipynb",
+        "03_windowed_evaluation.ipynb",
+        "04_alerting.ipynb",
+        "05_backtest.ipynb",
+    ]
+
+
+def test_01_ingest(run: Run):
+    executed = run.notebook("01_ingest.ipynb")
+    assert_clean(executed)
+    bronze = delta_read(run.table("transactions"))
+    assert len(bronze) == TRANSACTIONS
+    assert len({r["transactionId"] for r in bronze}) == TRANSACTIONS
+    reasons = sorted(r["reason"] for r in delta_read(run.table("quarantine")))
+    assert reasons == [
+        "malformed JSON: not a JSON object",
+        "missing paymentType",
+        "transactionId is not an integer",
+        "unknown paymentType (expected CSH or CRD)",
+    ]
+    assert delta_versions(run.table("transactions")) >= 3, "2 files per trigger: create + at least 2 appends"
+    assert ast.literal_eval(tagged_output(executed, "prepare"))["generated"] == TRANSACTIONS
+    assert_figure(run, "01_quarantine_reasons")
+
+
+def test_02_dynamic_keying(run: Run):
+    executed = run.notebook("02_dynamic_keying.ipynb")
+    assert_clean(executed)
+    # ruleId rows keys shards: every transaction passes each of the 5 sample rules (no filters)
+    rows = [line.split() for line in tagged_output(executed, "fanout").splitlines()[1:]]
+    fanout = {int(r[1]): (int(r[2]), int(r[3])) for r in rows}
+    assert sorted(fanout) == [1, 2, 3, 4, 5]
+    assert all(n == TRANSACTIONS for n, _ in fanout.values())
+    assert fanout[2][1] == 2  # keyed by paymentType: CSH and CRD
+    assert_figure(run, "02_fanout_per_rule")
+    assert_figure(run, "02_shard_load")
+
+
+def test_03_windowed_evaluation(run: Run):
+    executed = run.notebook("03_windowed_evaluation.ipynb")
+    assert_clean(executed)
+    alerts = delta_read(run.table("alerts"))
+    assert len(alerts) > 0
+    assert {a["ruleId"] for a in alerts} >= {2, 5}  # count rule and the burst-catching SUM rule
+    batches = [b for b in delta_read(run.table("batches")) if b["query"] == "evaluate"]
+    assert batches and sum(b["alerts"] for b in batches) == len(alerts)
+    assert "ruleId" in tagged_output(executed, "window-state")
+    assert_figure(run, "03_latency_throughput")
+
+
+def test_04_alerting(run: Run):
+    executed = run.notebook("04_alerting.ipynb")
+    assert_clean(executed)
+    assert_figure(run, "04_alerts_per_rule")
+    summary = ast.literal_eval(tagged_output(executed, "drilldown-summary"))
+    assert summary["ruleId"] == 5 and summary["aggregatorFunctionType"] == "SUM"
+    assert summary["containsAlertingTransaction"]
+    # the window's transactions add up to exactly what the alert reported
+    assert Decimal(summary["paymentAmountSum"]) == Decimal(summary["aggregate"])
+    exported = [json.loads(line) for line in run.export.read_text().splitlines()]
+    assert len(exported) == len(delta_read(run.table("alerts")))
+    assert all(isinstance(a["key"], dict) and a["ruleId"] for a in exported)
+    assert ast.literal_eval(tagged_output(executed, "export")) == (str(run.export), len(exported))
+
+
+def test_05_backtest(run: Run):
+    executed = run.notebook("05_backtest.ipynb")
+    assert_clean(executed)
+    assert_figure(run, "05_backtest_comparison")
+    # replayed: bronze as of version 1, the first of several appends
+    as_of = delta_read(run.table("transactions"), version=1)
+    assert 0 < len(as_of) < TRANSACTIONS
+    replayed = [
+        line for f in (run.data / "backtest" / "replay").glob("part-*") for line in f.read_text().splitlines() if line
+    ]
+    assert sorted(json.loads(r)["transactionId"] for r in replayed) == sorted(r["transactionId"] for r in as_of)
+    # candidate (SUM > 30000) alerts wherever the live rule (SUM > 40000) does, and more
+    counts = ast.literal_eval(tagged_output(executed, "comparison"))
+    assert counts["only_a"] == 0 and counts["both"] > 0 and counts["only_b"] >= 0
+    # activated: rule 5's next version is the candidate
+    rule5 = [r for r in delta_read(run.table("rules")) if r["ruleId"] == 5]
+    assert len(rule5) == 1 and rule5[0]["version"] == 2 and json.loads(rule5[0]["ruleJson"])["limit"] == "30000"
+    history = [h for h in delta_read(run.table("rule_history")) if h["ruleId"] == 5]
+    assert [h["updatedBy"] for h in sorted(history, key=lambda h: h["version"])] == ["notebook", "05_backtest"]
