@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from fraudrules import tables
+from fraudrules import kafka_io, tables
 from fraudrules.config import JobConfig
 
 Printer = Callable[[str], None]
@@ -104,7 +104,9 @@ class AlertSink:
     """foreachBatch target of the evaluation query.
 
     Each Delta append carries (txnAppId, batchId): when a crashed batch is replayed from the
-    checkpoint, Delta recognises the version it already committed and skips it.
+    checkpoint, Delta recognises the version it already committed and skips it. With
+    `cfg.kafka_alerts_topic` the alerts are then also published to Kafka: at-least-once there (a replayed
+    batch publishes again), keyed by alertId for consumers to de-duplicate.
     """
 
     def __init__(self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5,
@@ -151,6 +153,8 @@ class AlertSink:
                 history = tables.read(out.sparkSession, self.cfg, "rule_history")
                 alerts = self.to_alerts(out, batch_id, history).persist()
                 tables.append(alerts, self.cfg, "alerts", f"{self.query}-alerts", batch_id)
+                if self.cfg.kafka_alerts_topic:  # after the Delta commit; replayed batches publish again
+                    kafka_io.publish_alerts(alerts, self.cfg)
                 committed_ms = int(time.time() * 1000)
                 sample = alerts.select("alertId", "ruleId", "key", "aggregate", "message").limit(self.show).collect()
                 latency = F.lit(committed_ms) - F.col("ingestionTimestamp")

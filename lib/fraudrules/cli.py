@@ -32,14 +32,44 @@ def _rules_path(name_or_path: str | None) -> str:
     return str(resources.files("fraudrules").joinpath(SAMPLE_RULES))
 
 
+def _io_options(args: argparse.Namespace) -> tuple[dict, object | None]:
+    """JobConfig fields of `run`'s source options; with `--source kafka` and no bootstrap, a local broker."""
+    opts: dict = {"available_now": args.available_now, "max_files_per_trigger": args.max_files_per_trigger,
+                  "transactions_source": args.transactions, "logins_source": args.logins}  # fmt: skip
+    if args.source != "kafka":
+        return opts, None
+    from fraudrules import kafka_io
+
+    broker = None
+    if not args.kafka_bootstrap:
+        broker = kafka_io.start_local_broker(os.path.join(args.data_dir, "kafka"))
+        print(f"started a local Kafka broker: bootstrap.servers={broker.bootstrap} (logs: {broker.log_file})")
+    opts.update(
+        source="kafka",
+        kafka_bootstrap=args.kafka_bootstrap or broker.bootstrap,
+        kafka_options=kafka_io.parse_options(args.kafka_option),
+        kafka_transactions_topic=args.transactions_topic,
+        kafka_logins_topic=args.logins_topic,
+        kafka_rules_topic=args.rules_topic or None,
+        kafka_alerts_topic=args.alerts_topic or None,
+        kafka_starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+    )
+    if broker is not None:
+        topics = [args.transactions_topic, args.logins_topic, args.rules_topic, args.alerts_topic]
+        kafka_io.create_topics(opts["kafka_bootstrap"], [t for t in topics if t])
+    return opts, broker
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from fraudrules import job, rulebook, tables
+    from fraudrules import job, kafka_io, rulebook, tables
     from fraudrules.generator import LoginWorkload, RateWriter, Workload
     from fraudrules.progress import ProgressPrinter
     from fraudrules.rules import load_rules_file
     from fraudrules.session import get_spark
 
-    cfg = _cfg(args, trigger_seconds=args.trigger_seconds, logins=True)
+    io_options, broker = _io_options(args)
+    cfg = _cfg(args, trigger_seconds=args.trigger_seconds, logins=True, **io_options)
     spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
     tables.ensure(spark, cfg)
     if not rulebook.current(spark, cfg):
@@ -55,14 +85,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         logins = LoginWorkload(count=10**12, seed=first_id % 2**31, attack_every=200)
         writers.append(RateWriter(cfg.logins_landing, logins.events(), rate=max(1.0, args.rate / 10), realtime=True,
                                   time_field="eventTimestamp"))  # fmt: skip
+        if cfg.source == "kafka":  # the same generators, producing into the topics instead of files
+            topics = (cfg.kafka_transactions_topic, cfg.kafka_logins_topic)
+            writers = [
+                kafka_io.KafkaRateWriter(
+                    cfg.kafka_bootstrap, t, w.events, w.rate, realtime=True, time_field=w.time_field
+                )
+                for w, t in zip(writers, topics, strict=True)
+            ]
         for writer in writers:
             writer.start()
-        print(f"generating {args.rate:g} transactions/s into {cfg.landing} and logins into {cfg.logins_landing}")
+        into = (f"topics {cfg.kafka_transactions_topic}, {cfg.kafka_logins_topic}" if cfg.source == "kafka"
+                else f"{cfg.landing} and {cfg.logins_landing}")  # fmt: skip
+        print(f"generating {args.rate:g} transactions/s (and logins) into {into}")
     print(f"tables under {os.path.abspath(cfg.data_dir)}/tables; Ctrl-C stops")
     deadline = time.time() + args.seconds if args.seconds else None
     try:
         while all(q.isActive for q in running.queries) and (deadline is None or time.time() < deadline):
             running.evaluate.awaitTermination(1)
+        while cfg.available_now and any(q.isActive for q in running.queries):  # the others finish their input
+            time.sleep(0.5)
     except KeyboardInterrupt:
         print("\nstopping…")
     finally:
@@ -71,6 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         running.stop()
         failed = [q.exception() for q in running.queries if q.exception()]
         spark.stop()
+        if broker is not None:
+            broker.stop()
     if failed:
         print(f"a query failed: {failed[0]}", file=sys.stderr)
         return 1
@@ -80,16 +124,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     from fraudrules import backtest
-    from fraudrules.rules import RuleError, load_rules_file
+    from fraudrules.rules import parse_rules_text
     from fraudrules.session import get_spark
 
     if not (args.transactions or args.logins):
         print("backtest needs --transactions and/or --logins", file=sys.stderr)
         return 2
     try:
-        rules = load_rules_file(args.rules)
-    except (RuleError, OSError) as err:
-        print(f"invalid rules: {err}", file=sys.stderr)
+        rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"))
+    except OSError as err:
+        print(f"cannot read rules: {err}", file=sys.stderr)
+        return 2
+    for err in errors:  # like the rules stream: invalid rules are reported, the valid ones still run
+        print(f"skipping invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
+    if not rules:
+        print("no valid rules to backtest", file=sys.stderr)
         return 2
     work = args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-")
     if args.data_dir is None or args.fresh:
@@ -178,6 +227,13 @@ def cmd_demo_rules(args: argparse.Namespace) -> int:
     return demo.main(args.data_dir, args.rate, args.step_seconds)
 
 
+def cmd_crash_demo(args: argparse.Namespace) -> int:
+    from fraudrules import crash_demo
+
+    return crash_demo.main(args.data_dir, args.kills, args.count, args.logins_count, args.per_file, args.seed,
+                           args.source, args.shards, args.rules)  # fmt: skip
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from fraudrules import bench
 
@@ -199,7 +255,32 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--rules", help="rules file loaded into an empty rules table (default: demo rules)")
     run.add_argument("--trigger-seconds", type=float, default=0.0)
     run.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
+    run.add_argument("--available-now", action="store_true", help="process the input present at start, then stop")
+    run.add_argument("--transactions", help="folder of transaction files (default: DATA_DIR/landing/transactions)")
+    run.add_argument("--logins", help="folder of login-event files (default: DATA_DIR/landing/logins)")
+    run.add_argument("--max-files-per-trigger", type=int, default=None, help="bound of a file micro-batch")
+    run.add_argument("--source", choices=["files", "kafka"], default="files")
+    run.add_argument("--kafka-bootstrap", help="bootstrap servers (default: start a local broker in DATA_DIR/kafka)")
+    run.add_argument("--kafka-option", action="append", metavar="KEY=VALUE", help="e.g. kafka.sasl.mechanism=PLAIN")
+    run.add_argument("--transactions-topic", default="transactions")
+    run.add_argument("--logins-topic", default="logins")
+    run.add_argument("--rules-topic", default="rules", help="rule changes topic ('' for none)")
+    run.add_argument("--alerts-topic", default="alerts", help="alerts are also published here ('' for none)")
+    run.add_argument("--starting-offsets", default="earliest", help="for a fresh checkpoint")
+    run.add_argument("--max-offsets-per-trigger", type=int, default=None, help="bound of a Kafka micro-batch")
     run.set_defaults(func=cmd_run)
+
+    cd = sub.add_parser("crash-demo", help="SIGKILL the job several times, restart it, compare with a backtest")
+    cd.add_argument("--data-dir", default="data/crash-demo", help="wiped first")
+    cd.add_argument("--kills", type=int, default=3)
+    cd.add_argument("--count", type=int, default=3_000, help="transactions")
+    cd.add_argument("--logins-count", type=int, default=800)
+    cd.add_argument("--per-file", type=int, default=250, help="records per file (= per micro-batch)")
+    cd.add_argument("--seed", type=int, default=7)
+    cd.add_argument("--source", choices=["files", "kafka"], default="files")
+    cd.add_argument("--shards", type=int, default=4)
+    cd.add_argument("--rules", help="rules file (default: the sample rules, incl. the login detector)")
+    cd.set_defaults(func=cmd_crash_demo)
 
     bt = sub.add_parser("backtest", parents=[common], help="evaluate rules over files of transactions")
     bt.add_argument("--transactions", help="JSON-lines file or folder of transactions")

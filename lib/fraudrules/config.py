@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 TABLES = (
     "transactions", "logins", "quarantine", "rules", "rule_history", "rule_errors", "rules_export", "rule_applied",
@@ -26,6 +26,23 @@ class JobConfig:
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
     logins: bool = False  # also run the login anomaly detector (seed 000)
     logins_source: str | None = None  # folder of login-event JSON-lines files; default <data>/landing/logins
+    # Kafka (`source="kafka"`): transactions and logins from topics; rule changes / alerts via topics when named.
+    source: str = "files"  # "files" | "kafka"
+    kafka_bootstrap: str | None = None  # bootstrap servers, e.g. "host1:9092,host2:9092"
+    kafka_options: dict[str, str] = field(default_factory=dict)  # `kafka.*` (SASL/SSL, ...) to every reader/writer
+    kafka_transactions_topic: str = "transactions"
+    kafka_logins_topic: str = "logins"
+    kafka_rules_topic: str | None = None  # rule changes from this topic instead of the rules folder
+    kafka_alerts_topic: str | None = None  # alerts also published here (at-least-once; key = alertId)
+    kafka_starting_offsets: str = "earliest"  # for a fresh checkpoint only: "earliest", "latest" or JSON
+    max_offsets_per_trigger: int | None = None  # bound of a micro-batch read from Kafka (backpressure)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("files", "kafka"):
+            raise ValueError(f"source must be 'files' or 'kafka', not {self.source!r}")
+        uses_kafka = self.source == "kafka" or self.kafka_rules_topic or self.kafka_alerts_topic
+        if uses_kafka and not self.kafka_bootstrap:
+            raise ValueError("Kafka topics are configured but kafka_bootstrap is not")
 
     @property
     def uses_catalog(self) -> bool:

@@ -29,6 +29,22 @@ OUTPUT_SCHEMA = (
     "ingestionTimestamp long, key string, aggregate string, watermark long, producedAt long, reason string"
 )
 OUTPUT_COLUMNS = tuple(part.strip().split(" ")[0] for part in OUTPUT_SCHEMA.split(","))
+
+
+def typed(frame: pd.DataFrame, schema: str) -> pd.DataFrame:
+    """Output rows with one clean dtype per column (nullable integers, strings with None), in schema order.
+
+    Rows of different kinds leave different columns empty; mixed object columns would not convert to Arrow.
+    """
+    out = {}
+    for part in schema.split(","):
+        name, kind = part.split()
+        col = frame[name] if name in frame else pd.Series([None] * len(frame), index=frame.index)
+        if kind in ("long", "int"):
+            out[name] = pd.array(pd.to_numeric(col, errors="coerce"), dtype="Int64" if kind == "long" else "Int32")
+        else:
+            out[name] = col.astype(object).where(col.notna(), None)
+    return pd.DataFrame(out)
 LATE_REASON = "eventTime behind the watermark on arrival"
 
 
@@ -187,7 +203,7 @@ def step(
         "ingestionTimestamp": None, "key": None, "aggregate": None, "watermark": watermark, "producedAt": now_ms,
         "reason": None,
     })  # fmt: skip
-    output = pd.concat([alerts, lates, applied], ignore_index=True)[list(OUTPUT_COLUMNS)]
+    output = typed(pd.concat([alerts, lates, applied], ignore_index=True), OUTPUT_SCHEMA)
     return StepResult(output, result.state, meta, next_expiry(result.state, active))
 
 

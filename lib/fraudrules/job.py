@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from fraudrules import ingest, keying, rulebook, tables
+from fraudrules import ingest, kafka_io, keying, rulebook, tables
 from fraudrules.alerting import AlertSink, Printer
 from fraudrules.config import JobConfig
 from fraudrules.evaluation import OUTPUT_SCHEMA
@@ -28,7 +28,16 @@ LOGINS_QUERY = "detect_logins"
 
 
 def raw_transactions(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    if cfg.source == "kafka":
+        return kafka_io.source(spark, cfg, cfg.kafka_transactions_topic)
     return ingest.file_source(spark, cfg.landing, cfg.max_files_per_trigger)
+
+
+def raw_logins(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    if cfg.source == "kafka":
+        return kafka_io.source(spark, cfg, cfg.kafka_logins_topic)
+    os.makedirs(cfg.logins_landing, exist_ok=True)
+    return ingest.file_source(spark, cfg.logins_landing, cfg.max_files_per_trigger)
 
 
 def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
@@ -58,6 +67,8 @@ def _start(df: DataFrame, cfg: JobConfig, name: str, sink) -> StreamingQuery:
 
 def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     """Rule change files (the rules topic's local stand-in): one change set per file, in arrival order."""
+    if cfg.kafka_rules_topic:  # the rules topic itself: one change set per message
+        return kafka_io.rule_changes(spark, cfg)
     os.makedirs(cfg.rules_landing, exist_ok=True)
     return spark.readStream.text(cfg.rules_landing, wholetext=True).select(
         "value", F.col("_metadata.file_path").alias("source"),
@@ -143,8 +154,7 @@ def start(spark: SparkSession, cfg: JobConfig, raw: DataFrame | None = None, pri
         EVALUATE_QUERY: _start(evaluate(spark, cfg, raw), cfg, EVALUATE_QUERY, AlertSink(cfg, EVALUATE_QUERY, printer)),
     }  # fmt: skip
     if cfg.logins:
-        os.makedirs(cfg.logins_landing, exist_ok=True)
-        logins = ingest.file_source(spark, cfg.logins_landing, cfg.max_files_per_trigger)
+        logins = raw_logins(spark, cfg)
         queries[LOGINS_INGEST_QUERY] = _start(
             ingest.parse_logins(logins),
             cfg,

@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-from fraudrules.evaluation import LATE_REASON
+from fraudrules.evaluation import LATE_REASON, typed
 
 LOGIN_COLUMNS = (
     "shard", "userId", "eventType", "ipAddress", "eventTimestamp", "ingestionTimestamp", "srcTime", "srcId", "srcPos",
@@ -114,7 +114,7 @@ def step(batch: pd.DataFrame, state: State, watermark: int, shard: int, now_ms: 
                                        f"({', '.join(distinct)}) then a success from new IP {ev.ipAddress} "
                                        f"within {(t - seq.start) / 1000:.0f} s"})  # fmt: skip
             del state[k]
-    frame = pd.DataFrame(out, columns=list(LOGIN_OUTPUT_COLUMNS))
+    frame = typed(pd.DataFrame(out, columns=list(LOGIN_OUTPUT_COLUMNS)), LOGIN_OUTPUT_SCHEMA)
     return frame, expire(state, windows, watermark), windows
 
 

@@ -260,11 +260,22 @@ def process(data_dir: str, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     info = _read_json(run_dir(data_dir) / PID_FILE)
     if not info:
-        return {"launched": False, "pid": None, "alive": False, "started_at": None, "uptime_s": None, "log": None}
+        return {
+            "launched": False,
+            "pid": None,
+            "alive": False,
+            "rate": 0.0,
+            "started_at": None,
+            "uptime_s": None,
+            "log": None,
+        }
     alive = _alive(int(info["pid"]))
+    argv = info.get("argv") or []
+    rate = float(argv[argv.index("--rate") + 1]) if "--rate" in argv[:-1] else 200.0  # `fraudrules run` default
     return {
         "launched": True,
         "pid": int(info["pid"]),
+        "rate": rate,
         "alive": alive,
         "started_at": float(info["started_at"]),
         "uptime_s": round(now - float(info["started_at"]), 3) if alive else None,
@@ -304,11 +315,14 @@ def status(
     previous = _read_json(run_dir(data_dir) / LAST_STATUS_FILE) or {}
 
     age = beat["age_s"]
-    stale = False  # no evaluate batch for too long while the job should be running
+    # Input the job should be taking: its own generator (run --rate > 0), landing files it has not taken, or
+    # a source this monitor cannot see (no landing folder: Kafka). An idle job without input commits nothing.
+    expects_input = proc["rate"] > 0 or backlog["pending_files"] > 0 or not landing_dir(data_dir).is_dir()
+    stale = False  # no evaluate batch for too long while the job should be committing
     if proc["alive"]:
         # A batch committed before this process started is no sign of life of this process.
         own_batch = beat["last_commit_ms"] is not None and beat["last_commit_ms"] >= proc["started_at"] * 1000
-        stale = age > th.stale_after_s if own_batch else proc["uptime_s"] > th.startup_grace_s
+        stale = (age > th.stale_after_s and expects_input) if own_batch else proc["uptime_s"] > th.startup_grace_s
     elif proc["launched"]:
         stale = age is None or age > th.stale_after_s
     p99 = beat["p99_ms"]
@@ -509,6 +523,7 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--rate", type=float, default=200.0, help="generated transactions per second (0: none)")
     launch.add_argument("--seconds", type=float, default=0.0, help="let the job stop itself after this long")
     launch.add_argument("--job-arg", action="append", default=[], help="extra argument for `fraudrules run`")
+    launch.add_argument("--reason", help="why (recorded in run/restarts.jsonl)")
     sub.add_parser("status", parents=[common, th], help="health as JSON")
     sub.add_parser("start", parents=[common, launch], help="start the job detached")
     sp = sub.add_parser("stop", parents=[common], help="stop the job")
@@ -526,14 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     launch = {}
     if hasattr(args, "rate"):
         launch = {"rate": args.rate, "seconds": args.seconds, "extra_args": args.job_arg}
+    reason = getattr(args, "reason", None)
     if args.command == "status":
         out = status(args.data_dir, th)
     elif args.command == "start":
-        out = start(args.data_dir, **launch)
+        out = start(args.data_dir, reason=reason or "start", **launch)
     elif args.command == "stop":
         out = stop(args.data_dir, args.timeout_s)
     elif args.command == "restart":
-        out = restart(args.data_dir, **launch)
+        out = restart(args.data_dir, reason=reason or "restart", **launch)
     else:
         out = ensure(args.data_dir, th, **launch)
     print(json.dumps(out, default=str))

@@ -1,4 +1,4 @@
-"""What the notebooks share: widget parameters, the job config, a local workload, one streaming query.
+"""What the notebooks share: widget parameters, the job config, a local workload, the job's queries.
 
 On Databricks parameters are notebook widgets (a job's `base_parameters` fill them); elsewhere
 they are the notebook's defaults, each overridable by an environment variable
@@ -92,7 +92,32 @@ def config_from(p: Mapping[str, str]) -> JobConfig:
         changes["trigger_seconds"] = float(str(_opt(p, "trigger_seconds")))
     if "available_now" in p:
         changes["available_now"] = flag(p["available_now"])
+    bootstrap = _opt(p, "kafka_bootstrap")
+    if bootstrap:  # transactions (and, when named, rule changes) from Kafka instead of the landing folder
+        changes.update(
+            source="kafka", kafka_bootstrap=bootstrap, kafka_options=kafka_options(_opt(p, "kafka_secret_scope"))
+        )
+        for key in ("kafka_transactions_topic", "kafka_rules_topic", "kafka_alerts_topic"):
+            if _opt(p, key) is not None:
+                changes[key] = _opt(p, key)
     return cfg.with_(**changes)
+
+
+def kafka_options(secret_scope: str | None) -> dict[str, str]:
+    """SASL_SSL client options from a Databricks secret scope (keys `kafka-username`, `kafka-password`).
+
+    Without a scope, or off Databricks (the local PLAINTEXT broker), there are none.
+    """
+    if not secret_scope or not on_databricks():
+        return {}
+    secrets = _dbutils().secrets
+    user, password = secrets.get(secret_scope, "kafka-username"), secrets.get(secret_scope, "kafka-password")
+    login = "kafkashaded.org.apache.kafka.common.security.plain.PlainLoginModule"  # Databricks shades the client
+    return {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": f'{login} required username="{user}" password="{password}";',
+    }
 
 
 def sample_rules_path() -> str:
@@ -104,15 +129,9 @@ def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[s
 
     - tables are created if missing;
     - an empty rules table gets the rules of `p["rules_file"]` (with `generate`, the sample rules by default);
-    - `p["kafka_bootstrap"]` must be empty: the Kafka source is not part of this version;
     - with `p["generate"]` true, an empty landing folder gets `p["transactions"]` generated
       transactions (plus a few invalid records, which the ingest quarantines).
     """
-    if _opt(p, "kafka_bootstrap"):
-        raise NotImplementedError(
-            "kafka_bootstrap is set, but this version of fraudrules reads transactions from files only "
-            f"({cfg.landing}); leave it empty"
-        )
     created = ensure_tables(spark, cfg)
     current = rulebook.current(spark, cfg)
     loaded = 0
@@ -121,7 +140,7 @@ def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[s
         rows = rulebook.upsert(spark, cfg, load_rules_file(rules_file), author="notebook")
         current, loaded = {r["ruleId"]: r for r in rows}, len(rows)
     generated = 0
-    if flag(p.get("generate", "false")) and not _has_files(cfg.landing):
+    if flag(p.get("generate", "false")) and cfg.source == "files" and not _has_files(cfg.landing):
         generated = generate_workload(cfg.landing, int(p.get("transactions", "3000")), int(p.get("seed", "7")))
     active = sum(1 for r in current.values() if r["ruleState"] == "ACTIVE")
     return {"tables_created": len(created), "rules_loaded": loaded, "active_rules": active, "generated": generated}
@@ -197,9 +216,12 @@ def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str])
     """
     wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
     started = [start_query(spark, cfg, n) for n in wanted if n]
-    try:
-        for query in started:
-            query.awaitTermination()
+    try:  # until all have finished, or the first one fails (then the others are stopped with it)
+        while active := [q for q in started if q.isActive]:
+            active[0].awaitTermination(2)
+            failed = [q.exception() for q in started if not q.isActive and q.exception() is not None]
+            if failed:
+                raise failed[0]
     finally:
         for query in started:
             if query.isActive:

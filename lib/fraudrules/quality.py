@@ -162,8 +162,22 @@ def _rule_json(text) -> dict:
     return out if isinstance(out, dict) else {}
 
 
+LOGIN_ANOMALY = "LOGIN_ANOMALY"  # fraudrules.rules.LOGIN_RULE: login-anomaly alerts (seed 000's detector)
+
+
+def _int(value) -> int | None:
+    try:
+        return None if value is None or value != value else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def derive_alerts(alerts: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
+    """Window-rule alerts (kind WINDOW) compare with their rule's operator, limit, aggregator, field and window;
+    login-anomaly alerts (kind LOGIN_ANOMALY) count failures against the rule's minFailures (GREATER_EQUAL)."""
     df = alerts.copy()
+    if "kind" not in df.columns:
+        df["kind"] = "WINDOW"
     versions = {
         (int(r), int(v)): j for r, v, j in zip(history["ruleId"], history["version"], history["ruleJson"], strict=True)
     }
@@ -173,26 +187,36 @@ def derive_alerts(alerts: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         return bool(agg is not None and lim is not None and op is not None and op(agg, lim))
 
     def matches(row) -> bool:
-        rule = _rule_json(versions.get((int(row.ruleId), int(row.ruleVersion))))
-        return bool(
-            rule
-            and rule.get("limitOperatorType") == row.limitOperatorType
-            and _dec(rule.get("limit")) == _dec(row.limit)
-            and rule.get("aggregatorFunctionType") == row.aggregatorFunctionType
-            and rule.get("aggregateFieldName") == row.aggregateFieldName
-            and int(rule.get("windowMinutes", -1)) == int(row.windowMinutes)
-        )
+        rule = _rule_json(versions.get((_int(row.ruleId), _int(row.ruleVersion))))
+        if not rule:
+            return False
+        if row.kind == LOGIN_ANOMALY:
+            expected = ("GREATER_EQUAL", _dec(rule.get("minFailures")), "COUNT", "failedLogins")
+        else:
+            expected = (
+                rule.get("limitOperatorType"),
+                _dec(rule.get("limit")),
+                rule.get("aggregatorFunctionType"),
+                rule.get("aggregateFieldName"),
+            )
+        actual = (row.limitOperatorType, _dec(row.limit), row.aggregatorFunctionType, row.aggregateFieldName)
+        return expected == actual and _int(rule.get("windowMinutes")) == _int(row.windowMinutes)
+
+    def alert_id(row) -> str:
+        if row.kind == LOGIN_ANOMALY:
+            return f"{_int(row.ruleId)}:u{_int(row.userId)}:{_int(row.eventTimeMs)}"
+        return f"{_int(row.ruleId)}:{_int(row.transactionId)}"
 
     rows = list(df.itertuples(index=False))
     df["satisfies_rule"] = pd.Series([satisfies(r) for r in rows], index=df.index, dtype=bool)
     df["rule_version_exists"] = pd.Series(
-        [(int(r.ruleId), int(r.ruleVersion)) in versions for r in rows], index=df.index, dtype=bool
+        [(_int(r.ruleId), _int(r.ruleVersion)) in versions for r in rows], index=df.index, dtype=bool
     )
     df["matches_rule_version"] = pd.Series([matches(r) for r in rows], index=df.index, dtype=bool)
-    df["expectedAlertId"] = df["ruleId"].astype(str) + ":" + df["transactionId"].astype(str)
+    df["expectedAlertId"] = pd.Series([alert_id(r) for r in rows], index=df.index, dtype=object)
     for col in ("aggregate", "limit"):  # exact decimals as text: readable in Data Docs, nothing is lost
         df[col] = df[col].map(lambda v: None if v is None else format(Decimal(v).normalize(), "f"))
-    return df
+    return df.drop(columns=["groupingKeyNames"], errors="ignore")
 
 
 def derive_window_state(
@@ -216,9 +240,8 @@ def derive_window_state(
     current = {
         int(r): (int(s), int(w)) for r, s, w in zip(active["ruleId"], active["sig"], active["windowMs"], strict=True)
     }
-    seen = {
-        int(s): Meta(active=text or "").active_rules() for s, text in zip(meta["shard"], meta["active"], strict=True)
-    }
+    empty = Meta().active
+    seen = {int(s): Meta(active=t or empty).active_rules() for s, t in zip(meta["shard"], meta["active"], strict=True)}
     changed = history.groupby("ruleId")["updatedAt"].max() if len(history) else pd.Series(dtype="datetime64[ns]")
     changed_ms = {int(r): int(v) for r, v in zip(changed.index, _ms(changed), strict=True)}
     pending = {r for r, t in changed_ms.items() if batch_time_ms is not None and t >= batch_time_ms}
@@ -255,6 +278,9 @@ def derive_rules(rules: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         return bool(
             rule.rule_id == int(row.ruleId)
             and rule.state == row.ruleState
+            and getattr(rule, "rule_type", "WINDOW") == getattr(row, "ruleType", "WINDOW")
+            and getattr(rule, "min_failures", None) == _int(getattr(row, "minFailures", None))
+            and getattr(rule, "min_distinct_ips", None) == _int(getattr(row, "minDistinctIps", None))
             and list(rule.grouping_key_names) == list(row.groupingKeyNames)
             and rule.field == row.aggregateFieldName
             and rule.aggregator == row.aggregatorFunctionType
@@ -288,6 +314,9 @@ def derive_quarantine(q: pd.DataFrame) -> pd.DataFrame:
 def derive_late_events(late: pd.DataFrame) -> pd.DataFrame:
     df = late.copy()
     df["detectedAtMs"] = _ms(df["detectedAt"])
+    # One late row per (rule, transaction); late logins carry no transaction and may repeat.
+    tx = df["transactionId"].map(_int)
+    df["lateTransaction"] = [None if t is None else f"{_int(r)}:{t}" for r, t in zip(df["ruleId"], tx, strict=True)]
     return df
 
 

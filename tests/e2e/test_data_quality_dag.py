@@ -87,15 +87,16 @@ def _quality_reports(data_dir: Path) -> list[dict]:
 
 
 def test_quarantine_suite_knows_every_reason(backtest_data):
-    """The suite's reason set is exactly what ingest.parse() produces (the backtest hit every reason)."""
-    reasons = set(read_newest(backtest_data / "tables" / "quarantine", ["reason"], max_files=1000)["reason"])
+    """The suite's transaction reasons are exactly what ingest.parse() produces (the backtest hit every one)."""
+    quarantine = read_newest(backtest_data / "tables" / "quarantine", ["kind", "reason"], max_files=1000)
+    assert set(quarantine["kind"]) == {"transaction"}
     suite = json.loads((REPO / "expectations" / "quarantine.json").read_text())
-    (value_set,) = [
-        e["kwargs"]["value_set"]
+    (pairs,) = [
+        e["kwargs"]["value_pairs_set"]
         for e in suite["expectations"]
-        if e["type"] == "expect_column_values_to_be_in_set" and e["kwargs"]["column"] == "reason"
+        if e["type"] == "expect_column_pair_values_to_be_in_set"
     ]
-    assert reasons == set(value_set) - CRASHES_INGEST
+    assert set(quarantine["reason"]) == {reason for kind, reason in pairs if kind == "transaction"} - CRASHES_INGEST
 
 
 def test_quality_dag_passes_on_real_tables(backtest_data):

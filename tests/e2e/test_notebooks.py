@@ -164,6 +164,27 @@ def test_notebooks_found():
     ]
 
 
+def test_params_and_config(monkeypatch):
+    """Defaults, overridden by FRAUDRULES_<KEY> off Databricks; widget text turned into a JobConfig."""
+    from fraudrules import notebook
+
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    monkeypatch.setenv("FRAUDRULES_SHARDS", "4")
+    p = notebook.params({"data_dir": "d", "shards": "16", "catalog": "", "available_now": "true"})
+    assert p == {"data_dir": "d", "shards": "4", "catalog": "", "available_now": "true"}
+    cfg = notebook.config_from(p)
+    assert (cfg.shards, cfg.catalog, cfg.available_now, cfg.source) == (4, None, True, "files")
+    kafka = notebook.config_from(
+        {**p, "available_now": "false", "kafka_bootstrap": "h:9092", "kafka_secret_scope": "s"}
+    )
+    assert (kafka.source, kafka.kafka_bootstrap, kafka.available_now, kafka.kafka_options) == (
+        "kafka",
+        "h:9092",
+        False,
+        {},
+    )
+
+
 def test_01_ingest(run: Run):
     executed = run.notebook("01_ingest.ipynb")
     assert_clean(executed)

@@ -1,0 +1,371 @@
+"""`fraudrules crash-demo`: exactly-once across crashes, shown by killing the job with SIGKILL.
+
+1. A workload (transactions with injected bursts, logins with injected attacks, and a sprinkling of bad
+   records of every class) is written into files, or produced into Kafka topics (`source="kafka"`).
+2. The job runs in a child process (`fraudrules run --rate 0 --available-now ...`) in bounded
+   micro-batches. Each time it has started a random number of new micro-batches, it is killed at a random
+   moment with SIGKILL, together with its JVM and Python workers (the whole process group: a real crash,
+   no shutdown hook runs), and restarted on the same checkpoints. After the last kill it runs to the end.
+3. The same input is backtested with the same rules in a fresh directory, and the two `alerts` tables
+   are compared per alertId: expected vs found, lost, duplicated, unexpected, different aggregate; the
+   bronze and quarantine tables are reconciled with the input (input = valid + quarantined, no record
+   twice; valid = evaluated + late).
+
+With Kafka, the alerts are also published to the alerts topic; it is at-least-once (a batch replayed
+after a crash publishes again), so the demo reports its duplicate messages next to the missing keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from fraudrules.config import JobConfig
+from fraudrules.generator import LoginWorkload, Workload
+
+JOB_QUERIES = ("rules", "ingest", "evaluate", "ingest_logins", "detect_logins")
+
+# One of each bad-input class, cycled through; `{i}` keeps each one distinct.
+BAD_TRANSACTIONS = (
+    '{{"transactionId": {i}, "eventTime": 17000000',  # invalid JSON
+    '{{"transactionId": {i}, "eventTime": 1700000000000, "payeeId": 1, "beneficiaryId": 2, "paymentType": "CSH"}}',
+    '{{"transactionId": {i}, "eventTime": 1700000000000, "payeeId": "p{i}", "beneficiaryId": 2, '
+    '"paymentAmount": "1.00", "paymentType": "CSH"}}',  # mistyped field
+    '{{"transactionId": {i}, "eventTime": 1700000000000, "payeeId": 1, "beneficiaryId": 2, '
+    '"paymentAmount": "1.00", "paymentType": "BTC"}}',  # unknown paymentType
+    '{{"transactionId": {i}, "eventTime": 1700000000000, "payeeId": 1, "beneficiaryId": 2, '
+    '"paymentAmount": "12,5", "paymentType": "CRD"}}',  # non-numeric amount
+    '{{"transactionId": {i}, "eventTime": 99999999999999999, "payeeId": 1, "beneficiaryId": 2, '
+    '"paymentAmount": "1.00", "paymentType": "CRD"}}',  # absurd timestamp
+    "[1, 2, 3]",  # JSON, but not an object
+)
+BAD_LOGINS = (
+    '{{"userId": {i}, "eventType": "FAIL"',
+    '{{"userId": {i}, "eventType": "MAYBE", "ipAddress": "10.0.0.1", "eventTimestamp": 1700000000000}}',
+    '{{"eventType": "FAIL", "ipAddress": "10.0.0.{i}", "eventTimestamp": 1700000000000}}',
+    '{{"userId": {i}, "eventType": "FAIL", "ipAddress": "10.0.0.1", "eventTimestamp": -5}}',
+)
+
+
+@dataclass
+class Outcome:
+    """Alerts of one detector: the crashed job's table against the backtest's."""
+
+    label: str
+    expected: int
+    found: int  # rows in the alerts table
+    unique: int  # distinct alertIds among them
+    lost: int
+    duplicated: int  # rows beyond the first of their alertId
+    unexpected: int
+    different: int  # same alertId, different aggregate
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == self.duplicated == self.unexpected == self.different == 0 and self.found == self.expected
+
+    def line(self) -> str:
+        return (f"{self.label:<12} alerts expected {self.expected:>5}, found {self.found:>5} "
+                f"(distinct {self.unique}); lost {self.lost}, duplicated {self.duplicated}, "
+                f"unexpected {self.unexpected}, different aggregate {self.different}")  # fmt: skip
+
+
+@dataclass
+class Report:
+    kills: list[str] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    reconciliation: list[str] = field(default_factory=list)
+    reconciled: bool = True
+    kafka_lines: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.reconciled and all(o.ok for o in self.outcomes)
+
+    def summary(self) -> str:
+        lines = [f"crashes: {len(self.kills)} × SIGKILL, then a run to the end", *self.kills]
+        lines += [o.line() for o in self.outcomes] + self.reconciliation + self.kafka_lines
+        lines.append("RESULT: exactly once, nothing lost" if self.ok else "RESULT: MISMATCH")
+        return "\n".join(lines)
+
+
+@dataclass
+class Demo:
+    """The work directory of one demo: input, the crashed job's tables and the backtest's."""
+
+    root: str
+    count: int = 3_000
+    logins_count: int = 800
+    per_file: int = 250
+    seed: int = 7
+    bad_every: int = 97  # one bad record per this many lines
+    shards: int = 4
+    source: str = "files"
+    batch_files: int = 1  # maxFilesPerTrigger (files) / batch_files × per_file offsets (Kafka)
+    rules_path: str | None = None
+    printer: object = print
+    kafka_bootstrap: str | None = None
+    lines: dict[str, list[str]] = field(default_factory=dict)
+    bad: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def job_cfg(self) -> JobConfig:
+        return JobConfig(data_dir=os.path.join(self.root, "job"), shards=self.shards, logins=True)
+
+    @property
+    def backtest_cfg(self) -> JobConfig:
+        return JobConfig(data_dir=os.path.join(self.root, "backtest"), shards=self.shards)
+
+    def input_dir(self, kind: str) -> str:
+        return os.path.join(self.root, "input", kind)
+
+    @property
+    def rules(self) -> str:
+        return self.rules_path or str(resources.files("fraudrules").joinpath("sample_rules.json"))
+
+    def say(self, text: str) -> None:
+        if self.printer:
+            self.printer(text)
+
+    # -- 1. input ----------------------------------------------------------------------------------------------
+
+    def prepare(self) -> Demo:
+        shutil.rmtree(self.root, ignore_errors=True)
+        txs = Workload(count=self.count, seed=self.seed, payees=200, beneficiaries=50, burst_every=250)
+        logins = LoginWorkload(count=self.logins_count, seed=self.seed + 1, users=60, attack_every=40)
+        self.lines["transactions"], self.bad["transactions"] = _with_bad(
+            map(json.dumps, txs.transactions()), BAD_TRANSACTIONS, self.bad_every)  # fmt: skip
+        self.lines["logins"], self.bad["logins"] = _with_bad(map(json.dumps, logins.events()), BAD_LOGINS,
+                                                             self.bad_every)  # fmt: skip
+        for kind, lines in self.lines.items():
+            _write_files(self.input_dir(kind), lines, self.per_file)
+        n, bad = {k: len(v) for k, v in self.lines.items()}, self.bad
+        self.say(f"input: {n['transactions']} transaction records ({bad['transactions']} bad), "
+                 f"{n['logins']} login records ({bad['logins']} bad) in {self.root}/input")  # fmt: skip
+        return self
+
+    def produce(self, bootstrap: str) -> None:
+        """Kafka variant: the same records, in the same order, into the transactions and logins topics."""
+        from fraudrules import kafka_io
+
+        self.kafka_bootstrap = bootstrap
+        cfg = self.job_cfg
+        kafka_io.create_topics(bootstrap, [cfg.kafka_transactions_topic, cfg.kafka_logins_topic, "rules", "alerts"])
+        for kind, topic in (("transactions", cfg.kafka_transactions_topic), ("logins", cfg.kafka_logins_topic)):
+            kafka_io.produce(bootstrap, topic, self.lines[kind])
+        self.say(f"produced the records into Kafka topics {cfg.kafka_transactions_topic} and {cfg.kafka_logins_topic}")
+
+    # -- 2. crashes ---------------------------------------------------------------------------------------------
+
+    def child_command(self) -> list[str]:
+        cfg = self.job_cfg
+        cmd = [sys.executable, "-m", "fraudrules.cli", "run", "--rate", "0", "--available-now",
+               "--data-dir", cfg.data_dir, "--shards", str(self.shards), "--rules", self.rules]  # fmt: skip
+        if self.source == "kafka":
+            cmd += ["--source", "kafka", "--kafka-bootstrap", str(self.kafka_bootstrap),
+                    "--max-offsets-per-trigger", str(self.batch_files * self.per_file)]  # fmt: skip
+        else:
+            cmd += ["--transactions", self.input_dir("transactions"), "--logins", self.input_dir("logins"),
+                    "--max-files-per-trigger", str(self.batch_files)]  # fmt: skip
+        return cmd
+
+    def _batches(self) -> tuple[int, int]:
+        """Micro-batches planned (offset log entries) and committed, over all of the job's queries."""
+        planned = committed = 0
+        for q in JOB_QUERIES:
+            for sub in ("offsets", "commits"):
+                folder = Path(self.job_cfg.checkpoint(q)) / sub
+                n = sum(1 for f in folder.iterdir() if f.name.isdigit()) if folder.is_dir() else 0
+                planned, committed = (planned + n, committed) if sub == "offsets" else (planned, committed + n)
+        return planned, committed
+
+    def _spawn(self, attempt: int) -> subprocess.Popen:
+        logs = Path(self.root) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        with open(logs / f"run-{attempt}.log", "wb") as out:
+            # Own process group: the kill takes the driver, its JVM and the Python workers at once.
+            return subprocess.Popen(self.child_command(), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
+
+    def _log_tail(self, attempt: int, lines: int = 40) -> str:
+        path = Path(self.root) / "logs" / f"run-{attempt}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def crash_loop(self, kills: int = 3, rng_seed: int | None = None, timeout_s: float = 900,
+                   max_new_batches: int = 3, max_jitter_s: float = 2.0) -> list[str]:  # fmt: skip
+        """Kill the running job `kills` times at random points, restart it each time, then let it finish."""
+        rng = random.Random(rng_seed)
+        log: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(kills + 1):
+            planned0, _ = self._batches()
+            started = time.monotonic()
+            child = self._spawn(attempt)
+            try:
+                if attempt < kills:
+                    target = planned0 + rng.randint(1, max_new_batches)
+                    while child.poll() is None and self._batches()[0] < target and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    time.sleep(rng.uniform(0, max_jitter_s))
+                    if child.poll() is None:
+                        planned, committed = self._batches()
+                        _kill_group(child)
+                        line = (f"  kill {attempt + 1}: SIGKILL after {time.monotonic() - started:.1f} s, "
+                                f"{planned} micro-batches planned / {committed} committed so far")  # fmt: skip
+                        log.append(line)
+                        self.say(line)
+                        continue
+                    self.say(f"  run {attempt + 1} finished before its kill point")
+                code = child.wait(timeout=max(1.0, deadline - time.monotonic()))
+            finally:
+                if child.poll() is None:
+                    _kill_group(child)
+            if code != 0:
+                raise RuntimeError(f"job run {attempt + 1} exited with {code}:\n{self._log_tail(attempt)}")
+            planned, committed = self._batches()
+            self.say(f"  final run: finished in {time.monotonic() - started:.1f} s, "
+                     f"{planned} micro-batches planned / {committed} committed in all")  # fmt: skip
+            break
+        return log
+
+    # -- 3. comparison ------------------------------------------------------------------------------------------
+
+    def compare(self, spark, report: Report) -> Report:
+        from pyspark.sql import functions as F
+
+        from fraudrules import backtest, tables
+        from fraudrules.rules import load_rules_file
+
+        bt_cfg = self.backtest_cfg
+        shutil.rmtree(bt_cfg.data_dir, ignore_errors=True)
+        self.say("backtest of the same input with the same rules ...")
+        backtest.run(spark, bt_cfg, self.input_dir("transactions"), load_rules_file(self.rules),
+                     logins=self.input_dir("logins"))  # fmt: skip
+        got = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, self.job_cfg, "alerts").collect()]
+        want = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, bt_cfg, "alerts").collect()]
+        for label, is_login in (("transactions", False), ("logins", True)):
+            mine = [a for a in got if (a[1] == "LOGIN_ANOMALY") == is_login]
+            ref = {a[0]: a[2] for a in want if (a[1] == "LOGIN_ANOMALY") == is_login}
+            counts = Counter(a[0] for a in mine)
+            aggs = {a[0]: a[2] for a in mine}
+            report.outcomes.append(Outcome(
+                label=label, expected=len(ref), found=len(mine), unique=len(counts),
+                lost=len(set(ref) - set(counts)), duplicated=sum(n - 1 for n in counts.values()),
+                unexpected=len(set(counts) - set(ref)),
+                different=sum(1 for k, v in ref.items() if k in aggs and aggs[k] != v),
+            ))  # fmt: skip
+
+        quarantine = tables.read(spark, self.job_cfg, "quarantine")
+        late = tables.read(spark, self.job_cfg, "late_events")
+        for kind, bronze_name, qkind, id_col in (("transactions", "transactions", "transaction", "transactionId"),
+                                                 ("logins", "logins", "login", "userId")):  # fmt: skip
+            records = len(self.lines[kind])
+            bad_in = self.bad[kind]
+            bronze = tables.read(spark, self.job_cfg, bronze_name)
+            q = quarantine.where(F.col("kind") == qkind)
+            valid, quarantined = bronze.count(), q.count()
+            twice = (valid - bronze.select("srcName", "srcPos").distinct().count()) + (
+                quarantined - q.select("srcName", "srcPos").distinct().count())  # fmt: skip
+            time_col = "eventTime" if kind == "transactions" else "eventTimestamp"
+            late_keys = late.where(F.col("kind") == qkind).select(
+                F.col(id_col).alias("id"), F.col("eventTimeMs").alias("t")).distinct()  # fmt: skip
+            n_late = late_keys.count()
+            evaluated = bronze.select(F.col(id_col).alias("id"), F.col(time_col).alias("t")).join(
+                late_keys, ["id", "t"], "left_anti").count()  # fmt: skip
+            ok = records == valid + quarantined and quarantined == bad_in and twice == 0 and valid == evaluated + n_late
+            report.reconciled &= ok
+            report.reconciliation.append(
+                f"{kind:<12} input {records} = {valid} valid + {quarantined} quarantined "
+                f"(bad records written: {bad_in}); records stored twice: {twice}; "
+                f"valid {valid} = {evaluated} evaluated + {n_late} late{'' if ok else '  <-- MISMATCH'}"
+            )
+        reasons = Counter(r.reason for r in quarantine.collect())
+        report.reconciliation.append(
+            "quarantine reasons: " + "; ".join(f"{n}× {r}" for r, n in sorted(reasons.items()))
+        )
+        if self.source == "kafka" and self.kafka_bootstrap:
+            report.kafka_lines = self._kafka_alerts(got)
+        return report
+
+    def _kafka_alerts(self, delta_alerts: list[tuple]) -> list[str]:
+        from fraudrules import kafka_io
+
+        keys = Counter(m.key().decode() for m in kafka_io.consume_all(self.kafka_bootstrap, "alerts"))
+        missing = len({a[0] for a in delta_alerts} - set(keys))
+        return [f"Kafka alerts topic (at-least-once): {sum(keys.values())} messages, {len(keys)} distinct alertIds, "
+                f"{sum(keys.values()) - len(keys)} re-published after crashes, {missing} missing"]  # fmt: skip
+
+
+def _with_bad(good, bad: tuple[str, ...], every: int) -> tuple[list[str], int]:
+    """The good lines with one bad record (cycling through the classes) inserted every `every` lines."""
+    out: list[str] = []
+    k = 0
+    for i, line in enumerate(good):
+        if every and i % every == every // 2:
+            out.append(bad[k % len(bad)].format(i=900_000_000 + k))
+            k += 1
+        out.append(line)
+    return out, k
+
+
+def _write_files(folder: str, lines: list[str], per_file: int) -> None:
+    """Numbered JSON-lines files with increasing modification times (the file source's order)."""
+    os.makedirs(folder, exist_ok=True)
+    base = time.time() - 3600
+    for index in range(0, len(lines), per_file):
+        path = os.path.join(folder, f"part-{index // per_file:05d}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write("".join(x + "\n" for x in lines[index : index + per_file]))
+        os.utime(path, (base + index // per_file, base + index // per_file))
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    """SIGKILL the child's process group and wait until none of its processes is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    for _ in range(200):
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"processes of group {child.pid} still alive after SIGKILL")
+
+
+def main(root: str, kills: int = 3, count: int = 3_000, logins_count: int = 800, per_file: int = 250,
+         seed: int = 7, source: str = "files", shards: int = 4, rules: str | None = None) -> int:  # fmt: skip
+    from fraudrules.session import get_spark
+
+    demo = Demo(root=root, count=count, logins_count=logins_count, per_file=per_file, seed=seed, source=source,
+                shards=shards, rules_path=rules).prepare()  # fmt: skip
+    broker = None
+    try:
+        if source == "kafka":
+            from fraudrules import kafka_io
+
+            broker = kafka_io.start_local_broker(os.path.join(root, "kafka"))
+            demo.produce(broker.bootstrap)
+        report = Report(kills=demo.crash_loop(kills, rng_seed=seed))
+        spark = get_spark("fraudrules-crash-demo", shuffle_partitions=2)
+        try:
+            demo.compare(spark, report)
+        finally:
+            spark.stop()
+    finally:
+        if broker is not None:
+            broker.stop()
+    print(report.summary())
+    return 0 if report.ok else 1
