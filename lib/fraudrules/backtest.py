@@ -40,7 +40,7 @@ class BacktestResult:
         lines = [
             f"transactions: {self.transactions} valid, logins: {self.logins} valid, "
             f"{self.quarantined} quarantined, {self.late} late",
-            f"alerts: {self.alerts} in {self.seconds:.1f} s ({self.rate:,.0f} events/s)",
+            f"alerts: {self.alerts}; {self.seconds:.1f} s wall clock incl. query start-up ({self.rate:,.0f} events/s)",
         ]
         lines += [f"  rule {rid}: {n} alerts" for rid, n in sorted(self.per_rule.items())]
         return "\n".join(lines)

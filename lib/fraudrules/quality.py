@@ -275,18 +275,26 @@ def derive_rules(rules: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
             rule = parse_rule(json.loads(row.ruleJson))
         except (RuleError, ValueError, TypeError):
             return False
-        return bool(
+        rule_type = getattr(rule, "rule_type", "WINDOW")
+        same = (
             rule.rule_id == int(row.ruleId)
             and rule.state == row.ruleState
-            and getattr(rule, "rule_type", "WINDOW") == getattr(row, "ruleType", "WINDOW")
-            and getattr(rule, "min_failures", None) == _int(getattr(row, "minFailures", None))
-            and getattr(rule, "min_distinct_ips", None) == _int(getattr(row, "minDistinctIps", None))
+            and rule_type == getattr(row, "ruleType", "WINDOW")
+            and rule.window_minutes == int(row.windowMinutes)
+        )
+        if rule_type == LOGIN_ANOMALY:
+            return bool(
+                same
+                and rule.min_failures == _int(getattr(row, "minFailures", None))
+                and rule.min_distinct_ips == _int(getattr(row, "minDistinctIps", None))
+            )
+        return bool(
+            same
             and list(rule.grouping_key_names) == list(row.groupingKeyNames)
             and rule.field == row.aggregateFieldName
             and rule.aggregator == row.aggregatorFunctionType
             and rule.operator == row.limitOperatorType
             and rule.limit == _dec(row.limit)
-            and rule.window_minutes == int(row.windowMinutes)
         )
 
     rows = list(df.itertuples(index=False))

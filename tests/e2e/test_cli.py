@@ -29,7 +29,7 @@ def test_backtest_cli_matches_the_reference(tmp_path):
     res = run("backtest", "--transactions", str(FIXTURES / "transactions.jsonl"), "--rules",
               str(FIXTURES / "rules.json"), "--out", str(out), "--data-dir", str(tmp_path / "work"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "transactions: 2000 valid, 0 quarantined, 0 late" in res.stdout
+    assert "transactions: 2000 valid, logins: 0 valid, 0 quarantined, 0 late" in res.stdout
     alerts = {(a["ruleId"], a["transactionId"]): a for a in map(json.loads, out.read_text().splitlines())}
     txs = [json.loads(line) for line in (FIXTURES / "transactions.jsonl").read_text().splitlines()]
     expected, _ = reference.run([txs], [load_rules_file(str(FIXTURES / "rules.json"))], 60_000)
