@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -71,6 +73,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     io_options, broker = _io_options(args)
     cfg = _cfg(args, trigger_seconds=args.trigger_seconds, logins=True, **io_options)
     spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+    stopping = threading.Event()  # Ctrl-C / SIGTERM ask the loop below to stop; no exception mid-call into the JVM
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
     tables.ensure(spark, cfg)
     if not rulebook.current(spark, cfg):
         rulebook.upsert(spark, cfg, load_rules_file(_rules_path(args.rules)), author="make run")
@@ -101,17 +106,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"tables under {os.path.abspath(cfg.data_dir)}/tables; Ctrl-C stops")
     deadline = time.time() + args.seconds if args.seconds else None
     try:
-        while all(q.isActive for q in running.queries) and (deadline is None or time.time() < deadline):
-            running.evaluate.awaitTermination(1)
-        while cfg.available_now and any(q.isActive for q in running.queries):  # the others finish their input
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        print("\nstopping…")
+        while not stopping.is_set() and all(q.isActive for q in running.queries):
+            if deadline is not None and time.time() >= deadline:
+                break
+            stopping.wait(1)
+        while cfg.available_now and not stopping.is_set() and any(q.isActive for q in running.queries):
+            time.sleep(0.5)  # the other queries finish their input
+        print("\nstopping…", flush=True)
     finally:
         for writer in writers:
             writer.stop()
+        failed = [q.exception() for q in running.queries if not q.isActive and q.exception()]
+        spark.sparkContext.setLogLevel("FATAL")  # stopping interrupts running batches; that is not an error
         running.stop()
-        failed = [q.exception() for q in running.queries if q.exception()]
         spark.stop()
         if broker is not None:
             broker.stop()

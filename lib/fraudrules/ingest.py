@@ -31,6 +31,8 @@ def file_source(spark: SparkSession, folder: str, max_files: int | None = None) 
     if os.path.isfile(folder):  # the file source reads folders: watch the file's folder for that name only
         reader = reader.option("pathGlobFilter", os.path.basename(folder))
         folder = os.path.dirname(os.path.abspath(folder))
+    elif "://" not in folder:
+        os.makedirs(folder, exist_ok=True)  # a landing folder may not have received its first file yet
     files = reader.text(folder, wholetext=True).select(
         "value",
         (F.unix_millis(F.col("_metadata.file_modification_time"))).alias("srcTime"),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -62,12 +64,21 @@ SCHEMAS: dict[str, str] = {
 
 def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> None:
     """Create the named tables (all by default) if they do not exist yet."""
-    for name in names or tuple(SCHEMAS):
-        builder = DeltaTable.createIfNotExists(spark)
-        builder = builder.tableName(cfg.table(name)) if cfg.uses_catalog else builder.location(cfg.table(name))
-        for field in spark.createDataFrame([], SCHEMAS[name]).schema.fields:
-            builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
-        builder.execute()
+    missing = [n for n in names or tuple(SCHEMAS) if not _exists(cfg, n)]
+    with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
+        list(pool.map(lambda name: _create(spark, cfg, name), missing))
+
+
+def _exists(cfg: JobConfig, name: str) -> bool:
+    return not cfg.uses_catalog and os.path.isdir(os.path.join(cfg.table(name), "_delta_log"))
+
+
+def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
+    builder = DeltaTable.createIfNotExists(spark)
+    builder = builder.tableName(cfg.table(name)) if cfg.uses_catalog else builder.location(cfg.table(name))
+    for field in spark.createDataFrame([], SCHEMAS[name]).schema.fields:
+        builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
+    builder.execute()
 
 
 def read(spark: SparkSession, cfg: JobConfig, name: str) -> DataFrame:
