@@ -10,7 +10,7 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export FRAUDRULES_JARS := $(abspath $(JARS)/spark)
 
-.PHONY: setup run test test-unit lint bench demo-rules clean
+.PHONY: setup run test test-unit lint bench demo-rules notebooks clean
 setup: $(VENV)/.installed $(JARS)/spark/.resolved
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -40,6 +40,9 @@ lint: setup
 
 bench: setup
 	$(BIN)/fraudrules bench --data-dir bench/work $(ARGS)
+
+notebooks: setup
+	$(BIN)/python -m fraudrules.notebooks_runner --out notebooks/_executed
 
 demo-rules: setup
 	$(BIN)/fraudrules demo-rules $(ARGS)

@@ -145,8 +145,17 @@ class AlertSink:
     def __call__(self, out: DataFrame, batch_id: int) -> None:
         out.persist()
         try:
-            stats = out.groupBy("kind").agg(F.count("*").alias("n"), F.max("watermark").alias("wm")).collect()
+            stats = (
+                out.groupBy("kind")
+                .agg(
+                    F.count("*").alias("n"),
+                    F.max("watermark").alias("wm"),
+                    F.sum(F.col("aggregate").cast("long")).alias("s"),
+                )
+                .collect()
+            )
             counts = {r["kind"]: r["n"] for r in stats}
+            evaluated = next((r["s"] for r in stats if r["kind"] == "rule"), 0)  # keyed events evaluated
             wm = max((r["wm"] for r in stats), default=None)
             sample, p50, p99, pmax = [], None, None, None
             if counts.get("alert"):  # empty appends would still cost a Delta commit each
@@ -174,7 +183,7 @@ class AlertSink:
                 "query": self.query,
                 "batchId": batch_id,
                 "committedAt": None,
-                "inputRows": None,
+                "inputRows": int(evaluated or 0),
                 "alerts": counts.get("alert", 0),
                 "lateEvents": counts.get("late", 0),
                 "watermarkMs": wm,

@@ -45,6 +45,8 @@ def typed(frame: pd.DataFrame, schema: str) -> pd.DataFrame:
         else:
             out[name] = col.astype(object).where(col.notna(), None)
     return pd.DataFrame(out)
+
+
 LATE_REASON = "eventTime behind the watermark on arrival"
 
 
@@ -196,12 +198,13 @@ def step(
             "reason": LATE_REASON,
         }
     )
-    seen = live.drop_duplicates(["ruleId", "ruleVersion"])  # for the rule-apply delay
+    # one row per rule version evaluated here: its event count (aggregate) and time, for the rule-apply delay
+    seen = live.groupby(["ruleId", "ruleVersion"]).size().reset_index(name="n")
     applied = pd.DataFrame({
         "kind": "rule", "shard": shard, "ruleId": seen["ruleId"].to_numpy(np.int64),
         "ruleVersion": seen["ruleVersion"].to_numpy(np.int64), "transactionId": None, "eventTime": None,
-        "ingestionTimestamp": None, "key": None, "aggregate": None, "watermark": watermark, "producedAt": now_ms,
-        "reason": None,
+        "ingestionTimestamp": None, "key": None, "aggregate": seen["n"].astype(str).to_numpy(object),
+        "watermark": watermark, "producedAt": now_ms, "reason": None,
     })  # fmt: skip
     output = typed(pd.concat([alerts, lates, applied], ignore_index=True), OUTPUT_SCHEMA)
     return StepResult(output, result.state, meta, next_expiry(result.state, active))
