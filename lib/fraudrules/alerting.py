@@ -150,7 +150,7 @@ class AlertSink:
                 .agg(
                     F.count("*").alias("n"),
                     F.max("watermark").alias("wm"),
-                    F.sum(F.col("aggregate").cast("long")).alias("s"),
+                    F.sum(F.when(F.col("kind") == "rule", F.col("aggregate")).cast("long")).alias("s"),
                 )
                 .collect()
             )
