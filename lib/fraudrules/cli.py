@@ -280,8 +280,8 @@ def parser() -> argparse.ArgumentParser:
     cd = sub.add_parser("crash-demo", help="SIGKILL the job several times, restart it, compare with a backtest")
     cd.add_argument("--data-dir", default="data/crash-demo", help="wiped first")
     cd.add_argument("--kills", type=int, default=3)
-    cd.add_argument("--count", type=int, default=3_000, help="transactions")
-    cd.add_argument("--logins-count", type=int, default=800)
+    cd.add_argument("--count", type=int, default=2_000, help="transactions")
+    cd.add_argument("--logins-count", type=int, default=600)
     cd.add_argument("--per-file", type=int, default=250, help="records per file (= per micro-batch)")
     cd.add_argument("--seed", type=int, default=7)
     cd.add_argument("--source", choices=["files", "kafka"], default="files")
@@ -324,6 +324,9 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("--step-seconds", type=float, default=12.0)
     dr.set_defaults(func=cmd_demo_rules)
 
+    sub.add_parser("quality", add_help=False, help="data-quality suites (Great Expectations); see quality --help")
+    sub.add_parser("monitor", add_help=False, help="heartbeat / restart of the local job; see monitor --help")
+
     be = sub.add_parser("bench", help="throughput and latency benchmark")
     be.add_argument("--data-dir", default="bench/work")
     be.add_argument("--mode", choices=["all", "throughput", "latency"], default="all")
@@ -336,6 +339,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["quality"], ["monitor"]):  # sub-tools with their own argument parsers
+        import importlib
+
+        return int(importlib.import_module(f"fraudrules.{argv[0]}").main(argv[1:]) or 0)
     args = parser().parse_args(argv)
     return int(args.func(args) or 0)
 

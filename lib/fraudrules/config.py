@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 TABLES = (
     "transactions", "logins", "quarantine", "rules", "rule_history", "rule_errors", "rules_export", "rule_applied",
-    "alerts", "late_events", "batches",
+    "alerts", "late_events", "batches", "dq_results",
 )  # fmt: skip
 
 

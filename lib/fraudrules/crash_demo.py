@@ -35,6 +35,12 @@ from fraudrules.config import JobConfig
 from fraudrules.generator import LoginWorkload, Workload
 
 JOB_QUERIES = ("rules", "ingest", "evaluate", "ingest_logins", "detect_logins")
+SINK_TABLES = ("transactions", "logins", "quarantine", "alerts", "late_events", "batches")
+KILL_MODES = {
+    "planned": "just after a micro-batch was planned",
+    "sink": "just after a sink's Delta commit",
+    "committed": "just after a micro-batch was committed",
+}
 
 # One of each bad-input class, cycled through; `{i}` keeps each one distinct.
 BAD_TRANSACTIONS = (
@@ -181,14 +187,20 @@ class Demo:
         return cmd
 
     def _batches(self) -> tuple[int, int]:
-        """Micro-batches planned (offset log entries) and committed, over all of the job's queries."""
-        planned = committed = 0
-        for q in JOB_QUERIES:
-            for sub in ("offsets", "commits"):
-                folder = Path(self.job_cfg.checkpoint(q)) / sub
-                n = sum(1 for f in folder.iterdir() if f.name.isdigit()) if folder.is_dir() else 0
-                planned, committed = (planned + n, committed) if sub == "offsets" else (planned, committed + n)
-        return planned, committed
+        """Micro-batches planned (offset log entries) and committed (commit log entries), over all queries."""
+        counts = []
+        for sub in ("offsets", "commits"):
+            folders = [Path(self.job_cfg.checkpoint(q)) / sub for q in JOB_QUERIES]
+            counts.append(sum(sum(1 for f in d.iterdir() if f.name.isdigit()) for d in folders if d.is_dir()))
+        return counts[0], counts[1]
+
+    def _sink_commits(self) -> int:
+        """Delta commits of the tables the streaming sinks append to (version 0 is the table's creation)."""
+        logs = [Path(self.job_cfg.table(t)) / "_delta_log" for t in SINK_TABLES]
+        return sum(sum(1 for f in d.glob("*.json") if f.stem.isdigit() and int(f.stem) > 0) for d in logs if d.is_dir())
+
+    def _progress(self, mode: str) -> int:
+        return self._sink_commits() if mode == "sink" else self._batches()[0 if mode == "planned" else 1]
 
     def _spawn(self, attempt: int) -> subprocess.Popen:
         logs = Path(self.root) / "logs"
@@ -203,27 +215,36 @@ class Demo:
         path = Path(self.root) / "logs" / f"run-{attempt}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    def crash_loop(self, kills: int = 3, rng_seed: int | None = None, timeout_s: float = 900,
-                   max_new_batches: int = 3, max_jitter_s: float = 2.0) -> list[str]:  # fmt: skip
-        """Kill the running job `kills` times at random points, restart it each time, then let it finish."""
+    def crash_loop(self, kills: int = 3, rng_seed: int | None = None, max_steps: int = 3, timeout_s: float = 1800
+                   ) -> list[str]:  # fmt: skip
+        """Kill the running job `kills` times at random points, restart it each time, then let it finish.
+
+        Kill points cycle through three moments, each after a random number of new events of its kind and a
+        random delay: a micro-batch was just planned (offset log written, nothing done yet); a sink just
+        committed to Delta (the batch's commit log entry is most likely still missing, so the restart replays
+        a batch whose appends Delta already has); a micro-batch was just committed (the next one is starting).
+        """
         rng = random.Random(rng_seed)
+        modes = rng.sample(list(KILL_MODES), len(KILL_MODES))
         log: list[str] = []
         deadline = time.monotonic() + timeout_s
         for attempt in range(kills + 1):
-            planned0, _ = self._batches()
             started = time.monotonic()
+            mode = modes[attempt % len(modes)]
+            before = self._progress(mode)
             child = self._spawn(attempt)
             try:
                 if attempt < kills:
-                    target = planned0 + rng.randint(1, max_new_batches)
-                    while child.poll() is None and self._batches()[0] < target and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                    time.sleep(rng.uniform(0, max_jitter_s))
+                    target = before + rng.randint(1, max_steps)
+                    while child.poll() is None and self._progress(mode) < target and time.monotonic() < deadline:
+                        time.sleep(0.02)
+                    time.sleep(rng.uniform(0, 0.3 if mode == "sink" else 1.5))
                     if child.poll() is None:
                         planned, committed = self._batches()
                         _kill_group(child)
-                        line = (f"  kill {attempt + 1}: SIGKILL after {time.monotonic() - started:.1f} s, "
-                                f"{planned} micro-batches planned / {committed} committed so far")  # fmt: skip
+                        line = (f"  kill {attempt + 1}: SIGKILL {time.monotonic() - started:.1f} s into run "
+                                f"{attempt + 1}, {KILL_MODES[mode]}; micro-batches so far: {planned} planned, "
+                                f"{committed} committed ({planned - committed} to replay)")  # fmt: skip
                         log.append(line)
                         self.say(line)
                         continue
@@ -235,8 +256,8 @@ class Demo:
             if code != 0:
                 raise RuntimeError(f"job run {attempt + 1} exited with {code}:\n{self._log_tail(attempt)}")
             planned, committed = self._batches()
-            self.say(f"  final run: finished in {time.monotonic() - started:.1f} s, "
-                     f"{planned} micro-batches planned / {committed} committed in all")  # fmt: skip
+            self.say(f"  run {attempt + 1} (not killed): finished in {time.monotonic() - started:.1f} s; "
+                     f"micro-batches in all: {planned} planned, {committed} committed")  # fmt: skip
             break
         return log
 
@@ -291,6 +312,9 @@ class Demo:
                 f"(bad records written: {bad_in}); records stored twice: {twice}; "
                 f"valid {valid} = {evaluated} evaluated + {n_late} late{'' if ok else '  <-- MISMATCH'}"
             )
+        keyed = self._keyed_counts(spark)
+        report.reconciled &= not any("MISMATCH" in line for line in keyed)
+        report.reconciliation += keyed
         reasons = Counter(r.reason for r in quarantine.collect())
         report.reconciliation.append(
             "quarantine reasons: " + "; ".join(f"{n}× {r}" for r, n in sorted(reasons.items()))
@@ -298,6 +322,31 @@ class Demo:
         if self.source == "kafka" and self.kafka_bootstrap:
             report.kafka_lines = self._kafka_alerts(got)
         return report
+
+    def _keyed_counts(self, spark) -> list[str]:
+        """The evaluation query's own count (batches.inputRows: keyed events evaluated) against valid × rules.
+
+        Every valid transaction is keyed once per ACTIVE window rule (when no rule has a filter), and each
+        keyed event is either evaluated or late.
+        """
+        from pyspark.sql import functions as F
+
+        from fraudrules import tables
+
+        cfg = self.job_cfg
+        rules = tables.read(spark, cfg, "rules").where(
+            "ruleState = 'ACTIVE' AND coalesce(ruleType, 'WINDOW') = 'WINDOW'"
+        )
+        if rules.where(F.size(F.coalesce("filter", F.array())) > 0).count():
+            return []
+        n_rules, valid = rules.count(), tables.read(spark, cfg, "transactions").count()
+        batches = tables.read(spark, cfg, "batches").where("query = 'evaluate'")
+        counted = batches.agg(F.coalesce(F.sum("inputRows"), F.lit(0))).first()[0]
+        late = tables.read(spark, cfg, "late_events").where("kind = 'transaction'").count()
+        ok = counted + late == valid * n_rules
+        self_ok = batches.select("batchId").distinct().count() == batches.count()
+        return [f"evaluation query's own count: {counted} keyed events evaluated + {late} late = {valid} valid × "
+                f"{n_rules} window rules{'' if ok and self_ok else '  <-- MISMATCH'}"]  # fmt: skip
 
     def _kafka_alerts(self, delta_alerts: list[tuple]) -> list[str]:
         from fraudrules import kafka_io
@@ -345,7 +394,7 @@ def _kill_group(child: subprocess.Popen) -> None:
     raise RuntimeError(f"processes of group {child.pid} still alive after SIGKILL")
 
 
-def main(root: str, kills: int = 3, count: int = 3_000, logins_count: int = 800, per_file: int = 250,
+def main(root: str, kills: int = 3, count: int = 2_000, logins_count: int = 600, per_file: int = 250,
          seed: int = 7, source: str = "files", shards: int = 4, rules: str | None = None) -> int:  # fmt: skip
     from fraudrules.session import get_spark
 

@@ -91,7 +91,7 @@ def parse(raw: DataFrame) -> DataFrame:
     ]  # fmt: skip
     return typed.select(
         "*",
-        F.col("amount10").cast("decimal(20,2)").alias("paymentAmount"),
+        F.expr("try_cast(amount10 AS DECIMAL(20,2))").alias("paymentAmount"),
         _reason(checks).alias("error"),
     ).drop("amount10", "j")
 

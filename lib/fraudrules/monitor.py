@@ -9,8 +9,10 @@ Health comes from what the job leaves behind, so that a scheduler (Airflow) can 
 - lag: landing files newer than the newest file the evaluate query has taken (its file-source log).
 
 `status()` turns these into flags and one recommended action: "start" (not running), "restart" (running
-but no batch committed for too long) or "none". Latency and lag are reported, not acted on: a restart
-does not make a slow job fast.
+but no batch committed for `stale_after_s` while input waits - its own generator, landing files it has not
+taken, or a source the monitor cannot see - or none at all within `startup_grace_s` of starting) or
+"none". An idle job without input commits nothing and is left alone. Latency and lag are reported, not
+acted on: a restart does not make a slow job fast.
 
     python -m fraudrules.monitor status  --data-dir data [--stale-after-s 120 ...]   # JSON on stdout
     python -m fraudrules.monitor start   --data-dir data --rate 200
@@ -452,11 +454,27 @@ def start(
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    """Some live (non-zombie) process is left in the process group."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # when this process happens to be its parent (tests, `restart`)
 
 
 def stop(data_dir: str, timeout_s: float = 30.0) -> dict:
@@ -474,7 +492,8 @@ def stop(data_dir: str, timeout_s: float = 30.0) -> dict:
         os.killpg(pgid, signal.SIGCONT)  # a frozen (SIGSTOPped) job cannot handle SIGINT
         os.kill(pid, signal.SIGINT)
     deadline = time.time() + timeout_s
-    while time.time() < deadline and _alive(pid):
+    while time.time() < deadline and (_alive(pid) or _group_alive(pgid)):  # the JVM exits after its driver
+        _reap(pid)
         time.sleep(0.5)
     forced = _alive(pid) or _group_alive(pgid)
     if forced:
@@ -482,9 +501,9 @@ def stop(data_dir: str, timeout_s: float = 30.0) -> dict:
             os.killpg(pgid, signal.SIGKILL)
         deadline = time.time() + 10
         while time.time() < deadline and (_alive(pid) or _group_alive(pgid)):
+            _reap(pid)
             time.sleep(0.2)
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)  # reap it when this process happens to be its parent
+    _reap(pid)
     return {"stopped": True, "pid": pid, "forced": forced}
 
 

@@ -5,12 +5,17 @@ computed into columns first (`derive_*`), so the suite JSON stays declarative:
 
 - alerts: `satisfies_rule` (aggregate <op> limit), `rule_version_exists` (ruleId, ruleVersion) is in
   rule_history, `matches_rule_version` (the alert's operator, limit, window, aggregator and field are those
-  of that version), `expectedAlertId` (ruleId:transactionId);
+  of that version; for login anomalies: failures >= minFailures), `expectedAlertId` (ruleId:transactionId,
+  or ruleId:u<userId>:<eventTime> for login anomalies);
 - window_state (the evaluate query's retained events, read from its checkpoint): `within_retention`
   (eventTime >= watermark - window of its rule - allowed lateness), `rule_active` (an ACTIVE rule with
   the same signature uses the entry's key);
 - rules: `window_consistent`, `version_in_history`, `json_consistent`;
-- transactions, quarantine: epoch-millisecond copies of their timestamps.
+- transactions, quarantine, late_events: epoch-millisecond copies of their timestamps; late_events also
+  `lateTransaction` (ruleId:transactionId, unique).
+
+Local Delta tables are read from their transaction log and parquet files (no Spark job); the window state
+needs Spark's state data source, and Unity Catalog tables are read with Spark.
 
 A rule changed after the batch whose state is read (rule_history.updatedAt later than that batch) has its
 cleanup pending: its state entries are exempt from `within_retention` and `rule_active` until the next batch.
@@ -36,7 +41,18 @@ import pandas as pd
 from fraudrules.config import JobConfig
 
 SUITES = ("transactions", "quarantine", "rules", "alerts", "window_state", "late_events")
-DEFAULT_EXPECTATIONS = Path(__file__).resolve().parents[2] / "expectations"
+
+
+def _default_expectations() -> Path:
+    """FRAUDRULES_EXPECTATIONS, else the repository's expectations/ (editable install), else suites shipped
+    inside the package (fraudrules/expectations/, for a wheel)."""
+    if os.environ.get("FRAUDRULES_EXPECTATIONS"):
+        return Path(os.environ["FRAUDRULES_EXPECTATIONS"])
+    repo = Path(__file__).resolve().parents[2] / "expectations"
+    return repo if repo.is_dir() else Path(__file__).resolve().parent / "expectations"
+
+
+DEFAULT_EXPECTATIONS = _default_expectations()
 RESULTS_TABLE = "dq_results"
 CLOCK_SKEW_MS = 5 * 60_000  # timestamps may be this far ahead of the checking machine's clock
 RESULTS_SCHEMA = (
@@ -631,6 +647,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="data", help="root of the local Delta tables and checkpoints")
     p.add_argument("--catalog", help="Unity Catalog (with --schema) instead of local tables")
     p.add_argument("--schema")
+    p.add_argument("--checkpoint-root", help="the job's checkpoints (default <data-dir>/checkpoints)")
     p.add_argument("--shards", type=int, default=16, help="state groups of the stateful stage (as the job)")
     p.add_argument("--lateness-ms", type=int, default=60_000, help="allowed lateness (as the job)")
     p.add_argument("--docs-dir", help="Data Docs folder (default <data-dir>/dq/docs)")
@@ -652,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         catalog=args.catalog,
         schema=args.schema,
+        checkpoint_root=args.checkpoint_root,
         shards=args.shards,
         lateness_ms=args.lateness_ms,
     )

@@ -159,6 +159,7 @@ def test_a_10x_burst_is_absorbed_in_bounded_batches(spark, kafka, tmp_path):
         }
     finally:
         running.stop()
+    print(f"micro-batch sizes during the burst (cap {cap}): {burst}")
     for name in ("ingest", "evaluate"):
         assert sum(burst[name]) == 10 * steady, (name, burst[name])
         assert max(burst[name]) <= cap and len(burst[name]) >= 5, (name, burst[name])
