@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def test_backtest_cli_matches_the_reference(tmp_path):
               str(FIXTURES / "rules.json"), "--out", str(out), "--data-dir", str(tmp_path / "work"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert "transactions: 2000 valid, logins: 0 valid, 0 quarantined, 0 late" in res.stdout
-    alerts = {(a["ruleId"], a["transactionId"]): a for a in map(json.loads, out.read_text().splitlines())}
+    lines = out.read_text().splitlines()
+    alerts = {(a["ruleId"], a["transactionId"]): a for a in (json.loads(x, parse_float=Decimal) for x in lines)}
     txs = [json.loads(line) for line in (FIXTURES / "transactions.jsonl").read_text().splitlines()]
     expected, _ = reference.run([txs], [load_rules_file(str(FIXTURES / "rules.json"))], 60_000)
     assert set(alerts) == set(expected) and len(expected) > 50
