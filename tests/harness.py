@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pandas as pd
 from fraudrules.evaluation import KEYED_COLUMNS, Meta, step
-from fraudrules.rules import COUNT_FIELDS, Rule
+from fraudrules.rules import COUNT_FIELDS, Rule, parse_rule
 from fraudrules.windowing import Events
 
 from tests.reference import passes
@@ -72,3 +72,12 @@ class Engine:
             {(int(r.ruleId), int(r.transactionId)): Decimal(r.aggregate) for r in alerts.itertuples()},
             set(late.transactionId.astype(int)),
         )
+
+
+def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw) -> Rule:
+    """A window rule from keyword arguments (the demo's JSON field names underneath)."""
+    return parse_rule({
+        "ruleId": rid, "ruleState": kw.pop("state", "ACTIVE"), "groupingKeyNames": list(keys),
+        "aggregateFieldName": field, "aggregatorFunctionType": agg, "limitOperatorType": op,
+        "limit": limit, "windowMinutes": window, **kw,
+    })  # fmt: skip

@@ -164,40 +164,10 @@ def step(
     horizon = max(watermark, int(batch["eventTime"].max()) - lateness_ms)
     result = evaluate(state, new, rules, retention(active, horizon))
 
+    common = {"shard": shard, "watermark": watermark, "producedAt": now_ms}
     fired = live.iloc[result.fired.index]
-    alerts = pd.DataFrame(
-        {
-            "kind": "alert",
-            "shard": shard,
-            "ruleId": fired["ruleId"].to_numpy(np.int64),
-            "ruleVersion": fired["ruleVersion"].to_numpy(np.int64),
-            "transactionId": fired["transactionId"].to_numpy(np.int64),
-            "eventTime": fired["eventTime"].to_numpy(np.int64),
-            "ingestionTimestamp": fired["ingestionTimestamp"].to_numpy(np.int64),
-            "key": fired["key"].to_numpy(object),
-            "aggregate": [str(a) for a in result.fired.aggregates()],
-            "watermark": watermark,
-            "producedAt": now_ms,
-            "reason": None,
-        }
-    )
-    late_rows = batch[late]
-    lates = pd.DataFrame(
-        {
-            "kind": "late",
-            "shard": shard,
-            "ruleId": late_rows["ruleId"].to_numpy(np.int64),
-            "ruleVersion": late_rows["ruleVersion"].to_numpy(np.int64),
-            "transactionId": late_rows["transactionId"].to_numpy(np.int64),
-            "eventTime": late_rows["eventTime"].to_numpy(np.int64),
-            "ingestionTimestamp": late_rows["ingestionTimestamp"].to_numpy(np.int64),
-            "key": late_rows["key"].to_numpy(object),
-            "aggregate": None,
-            "watermark": watermark,
-            "producedAt": now_ms,
-            "reason": LATE_REASON,
-        }
-    )
+    alerts = _event_rows(fired, kind="alert", aggregate=[str(a) for a in result.fired.aggregates()], **common)
+    lates = _event_rows(batch[late], kind="late", reason=LATE_REASON, **common)
     # one row per rule version evaluated here: its event count (aggregate) and time, for the rule-apply delay
     seen = live.groupby(["ruleId", "ruleVersion"]).size().reset_index(name="n")
     applied = pd.DataFrame({
@@ -208,6 +178,11 @@ def step(
     })  # fmt: skip
     output = typed(pd.concat([alerts, lates, applied], ignore_index=True), OUTPUT_SCHEMA)
     return StepResult(output, result.state, meta, next_expiry(result.state, active))
+
+
+def _event_rows(rows: pd.DataFrame, **values: object) -> pd.DataFrame:
+    """Output rows about keyed events (alerts, late events): their identity plus the given columns."""
+    return rows[["ruleId", "ruleVersion", "transactionId", "eventTime", "ingestionTimestamp", "key"]].assign(**values)
 
 
 def expire(state: Events, meta: Meta, watermark: int) -> tuple[Events, int]:

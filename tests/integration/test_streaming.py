@@ -8,29 +8,13 @@ from fractions import Fraction
 import pytest
 from fraudrules import rulebook, state
 from fraudrules.generator import Workload
-from fraudrules.rules import parse_rule
 
 from tests import reference
+from tests.harness import rule
 from tests.integration.streams import FileStream
 
 pytestmark = pytest.mark.spark
 MIN = 60_000
-
-
-def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw):
-    return parse_rule(
-        {
-            "ruleId": rid,
-            "ruleState": kw.pop("state", "ACTIVE"),
-            "groupingKeyNames": list(keys),
-            "aggregateFieldName": field,
-            "aggregatorFunctionType": agg,
-            "limitOperatorType": op,
-            "limit": limit,
-            "windowMinutes": window,
-            **kw,
-        }
-    )
 
 
 RULES = [

@@ -6,31 +6,15 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from fraudrules.rules import AGGREGATORS, OPERATORS, parse_rule
+from fraudrules.rules import AGGREGATORS, OPERATORS
 from fraudrules.windowing import render
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import reference
-from tests.harness import Engine
+from tests.harness import Engine, rule
 
 MIN = 60_000
-
-
-def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw):
-    return parse_rule(
-        {
-            "ruleId": rid,
-            "ruleState": kw.pop("state", "ACTIVE"),
-            "groupingKeyNames": list(keys),
-            "aggregateFieldName": field,
-            "aggregatorFunctionType": agg,
-            "limitOperatorType": op,
-            "limit": limit,
-            "windowMinutes": window,
-            **kw,
-        }
-    )
 
 
 def tx(tid, t, payee=1, ben=1, amount="1.00", ptype="CSH"):
