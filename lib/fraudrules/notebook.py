@@ -23,7 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 from fraudrules import analysis, backtest, ingest, job, rulebook, tables
 from fraudrules.alerting import AlertSink, Printer
 from fraudrules.backtest import BacktestResult
-from fraudrules.config import TABLES, JobConfig
+from fraudrules.config import JobConfig
 from fraudrules.generator import Workload, write_jsonl
 from fraudrules.rules import Rule, load_rules_file, parse_rule
 from fraudrules.session import on_databricks
@@ -148,7 +148,7 @@ def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[s
 
 def ensure_tables(spark: SparkSession, cfg: JobConfig) -> list[str]:
     """Create the project tables that do not exist yet (only those: creating is slow); returns their names."""
-    missing = [name for name in TABLES if not _table_exists(spark, cfg, name)]
+    missing = [name for name in tables.SCHEMAS if not _table_exists(spark, cfg, name)]
     if missing:
         tables.ensure(spark, cfg, *missing)
     return missing
