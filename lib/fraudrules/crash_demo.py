@@ -3,13 +3,14 @@
 1. A workload (transactions with injected bursts, logins with injected attacks, and a sprinkling of bad
    records of every class) is written into files, or produced into Kafka topics (`source="kafka"`).
 2. The job runs in a child process (`fraudrules run --rate 0 --available-now ...`) in bounded
-   micro-batches. Each time it has started a random number of new micro-batches, it is killed at a random
-   moment with SIGKILL, together with its JVM and Python workers (the whole process group: a real crash,
-   no shutdown hook runs), and restarted on the same checkpoints. After the last kill it runs to the end.
+   micro-batches. It is killed with SIGKILL, together with its JVM and Python workers (the whole process
+   group: a real crash, no shutdown hook runs), at random points — just after a micro-batch was planned, just
+   after a sink's Delta commit, just after a micro-batch was committed — and restarted on the same
+   checkpoints each time. After the last kill it runs to the end.
 3. The same input is backtested with the same rules in a fresh directory, and the two `alerts` tables
    are compared per alertId: expected vs found, lost, duplicated, unexpected, different aggregate; the
    bronze and quarantine tables are reconciled with the input (input = valid + quarantined, no record
-   twice; valid = evaluated + late).
+   twice; valid = evaluated + late; the evaluation query's own count of keyed events matches).
 
 With Kafka, the alerts are also published to the alerts topic; it is at-least-once (a batch replayed
 after a crash publishes again), so the demo reports its duplicate messages next to the missing keys.
