@@ -23,6 +23,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from fraudrules.evaluation import LATE_REASON, typed
+from fraudrules.processor import arrow_bytes
 
 LOGIN_COLUMNS = (
     "shard", "userId", "eventType", "ipAddress", "eventTimestamp", "ingestionTimestamp", "srcTime", "srcId", "srcPos",
@@ -49,10 +50,7 @@ def encode(state: State) -> bytes:
         "rule": [k[0] for k in state], "user": [k[1] for k in state],
         "start": [s.start for s in state.values()], "ips": [s.ips for s in state.values()],
     })  # fmt: skip
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, frame.schema) as writer:
-        writer.write_table(frame)
-    return sink.getvalue().to_pybytes()
+    return arrow_bytes(frame)
 
 
 def decode(blob: bytes | None) -> State:

@@ -31,7 +31,11 @@ EVENTS_SCHEMA = StructType([StructField("blob", BinaryType())])
 
 
 def encode(events: Events) -> bytes:
-    table = pa.Table.from_pandas(events.to_frame(), preserve_index=False)
+    return arrow_bytes(pa.Table.from_pandas(events.to_frame(), preserve_index=False))
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    """A table as one Arrow IPC stream: the form every processor keeps its state in."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
