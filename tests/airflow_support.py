@@ -80,5 +80,12 @@ def run_airflow(*args: str, timeout: float = 600) -> tuple[dict, str]:
     return json.loads(output.strip().splitlines()[-1]), output
 
 
+def last_json(cmd: list[str], timeout: float = 600, **kwargs) -> dict:
+    """Run a command that ends its output with one JSON line; that line, parsed (the command must succeed)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def dag_test(dag_id: str, conf: dict, timeout: float = 600) -> tuple[dict, str]:
     return run_airflow("test", dag_id, json.dumps(conf), timeout=timeout)

@@ -7,7 +7,7 @@ import zlib
 from decimal import Decimal
 
 import pandas as pd
-from fraudrules.evaluation import KEYED_COLUMNS, Meta, step
+from fraudrules.evaluation import KEYED_COLUMNS, Meta, rule_spec, step
 from fraudrules.rules import COUNT_FIELDS, Rule, parse_rule
 from fraudrules.windowing import Events
 
@@ -29,10 +29,8 @@ def keyed_frame(batch: list[dict], rules: list[Rule], batch_no: int, shards: int
                 "shard": zlib.crc32(f"{r.rule_id}|{key}".encode()) % shards,
                 "transactionId": tx["transactionId"], "eventTime": tx["eventTime"],
                 "ingestionTimestamp": tx.get("ingestionTimestamp", -1), "srcTime": batch_no,
-                "srcId": 0, "srcPos": pos, "ruleId": r.rule_id, "ruleVersion": r.version, "sig": r.sig,
-                "aggregateFieldName": r.field, "aggregatorFunctionType": r.aggregator,
-                "limitOperatorType": r.operator, "limit": str(r.limit), "windowMs": r.window_ms,
-                "distinct": bool(r.unique), "key": key, "val": val, "uniq": uniq, "active": active_set, "epoch": 0,
+                "srcId": 0, "srcPos": pos, "ruleId": r.rule_id, "sig": r.sig,
+                "spec": rule_spec(r), "key": key, "val": val, "uniq": uniq, "active": active_set, "epoch": 0,
             })  # fmt: skip
     return pd.DataFrame(rows, columns=list(KEYED_COLUMNS))
 

@@ -116,11 +116,17 @@ class AlertSink:
         self.late_kind = "login" if logins else "transaction"
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
 
+    def _unreported(self, out: DataFrame, versions: set[tuple[int, int]]) -> bool:
+        """Whether this batch evaluated a rule version whose apply delay is not recorded yet."""
+        if self.reported is None:
+            applied = tables.read(out.sparkSession, self.cfg, "rule_applied").select("ruleId", "version").collect()
+            self.reported = {(r.ruleId, r.version) for r in applied}
+        return bool(versions - self.reported)
+
     def _rule_applies(self, out: DataFrame, batch_id: int) -> None:
         """Record, once per rule version, the delay from its change to the first event evaluated under it."""
         spark = out.sparkSession
-        if self.reported is None:
-            self.reported = {(r.ruleId, r.version) for r in tables.read(spark, self.cfg, "rule_applied").collect()}
+        assert self.reported is not None  # loaded by _unreported
         history = tables.read(spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
         seen = (
             out.where("kind = 'rule'").groupBy("ruleId", "ruleVersion").agg(F.min("producedAt").alias("first"))
@@ -151,11 +157,13 @@ class AlertSink:
                     F.count("*").alias("n"),
                     F.max("watermark").alias("wm"),
                     F.sum(F.when(F.col("kind") == "rule", F.col("aggregate")).cast("long")).alias("s"),
+                    F.collect_set(F.when(F.col("kind") == "rule", F.struct("ruleId", "ruleVersion"))).alias("v"),
                 )
                 .collect()
             )
             counts = {r["kind"]: r["n"] for r in stats}
             evaluated = next((r["s"] for r in stats if r["kind"] == "rule"), 0)  # keyed events evaluated
+            versions = {(v["ruleId"], v["ruleVersion"]) for r in stats for v in r["v"]}
             wm = max((r["wm"] for r in stats), default=None)
             sample, p50, p99, pmax = [], None, None, None
             if counts.get("alert"):  # empty appends would still cost a Delta commit each
@@ -177,7 +185,7 @@ class AlertSink:
             if counts.get("late"):
                 late = late_rows(out, batch_id, self.late_kind)
                 tables.append(late, self.cfg, "late_events", f"{self.query}-late", batch_id)
-            if counts.get("rule"):
+            if self._unreported(out, versions):
                 self._rule_applies(out, batch_id)
             record = {
                 "query": self.query,

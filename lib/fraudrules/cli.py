@@ -86,18 +86,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.rate > 0:
         first_id = int(time.time() * 1000) * 1000  # fresh ids on every start
         transactions = Workload(count=10**12, seed=first_id % 2**32, first_id=first_id, burst_every=500)
-        writers.append(RateWriter(cfg.landing, transactions.transactions(), rate=args.rate, realtime=True))
         logins = LoginWorkload(count=10**12, seed=first_id % 2**31, attack_every=200)
-        writers.append(RateWriter(cfg.logins_landing, logins.events(), rate=max(1.0, args.rate / 10), realtime=True,
-                                  time_field="eventTimestamp"))  # fmt: skip
-        if cfg.source == "kafka":  # the same generators, producing into the topics instead of files
-            topics = (cfg.kafka_transactions_topic, cfg.kafka_logins_topic)
-            writers = [
-                kafka_io.KafkaRateWriter(
-                    cfg.kafka_bootstrap, t, w.events, w.rate, realtime=True, time_field=w.time_field
-                )
-                for w, t in zip(writers, topics, strict=True)
-            ]
+        streams = [
+            (cfg.landing, cfg.kafka_transactions_topic, transactions.transactions(), args.rate, "eventTime"),
+            (cfg.logins_landing, cfg.kafka_logins_topic, logins.events(), max(1.0, args.rate / 10), "eventTimestamp"),
+        ]
+        for folder, topic, events, rate, field in streams:  # files locally, the topics on Kafka
+            writers.append(
+                kafka_io.KafkaRateWriter(cfg.kafka_bootstrap, topic, events, rate, realtime=True, time_field=field)
+                if cfg.source == "kafka"
+                else RateWriter(folder, events, rate, realtime=True, time_field=field)
+            )
         for writer in writers:
             writer.start()
         into = (f"topics {cfg.kafka_transactions_topic}, {cfg.kafka_logins_topic}" if cfg.source == "kafka"
@@ -244,7 +243,7 @@ def cmd_crash_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from fraudrules import bench
 
-    print(bench.main(args.data_dir, args.mode, args.count, args.rate, args.seconds, args.shards))
+    bench.main(args.data_dir, args.mode, args.count, args.rate, args.seconds, args.shards)
     return 0
 
 

@@ -21,8 +21,12 @@ from fraudrules.windowing import Events, Retention, evaluate, retain
 # byte per row is shuffled, sorted and shipped to Python.
 KEYED_COLUMNS = (
     "shard", "transactionId", "eventTime", "ingestionTimestamp", "srcTime", "srcId", "srcPos",
-    "ruleId", "ruleVersion", "sig", "aggregateFieldName", "aggregatorFunctionType", "limitOperatorType",
-    "limit", "windowMs", "distinct", "key", "val", "uniq", "active", "epoch",
+    "ruleId", "sig", "spec", "key", "val", "uniq", "active", "epoch",
+)  # fmt: skip
+# The evaluation parameters of a keyed row's rule, joined with "|" into its one `spec` column (one string
+# per row instead of seven columns: conversion to pandas costs per column and per string).
+SPEC_FIELDS = (
+    "version", "aggregateFieldName", "aggregatorFunctionType", "limitOperatorType", "limit", "windowMs", "distinct",
 )  # fmt: skip
 OUTPUT_SCHEMA = (
     "kind string, shard int, ruleId long, ruleVersion long, transactionId long, eventTime long, "
@@ -73,11 +77,17 @@ class StepResult:
     next_expiry: int  # event time at which the oldest retained group can be dropped, -1 if none
 
 
+def rule_spec(rule: Rule) -> str:
+    """A rule's `spec` as keying writes it (see SPEC_FIELDS)."""
+    distinct = int(bool(rule.unique))
+    parts = (rule.version, rule.field, rule.aggregator, rule.operator, rule.limit, rule.window_ms, distinct)
+    return "|".join(str(p) for p in parts)
+
+
 @lru_cache(maxsize=4096)
-def _rule(
-    rule_id: int, version: int, field: str, aggregator: str, operator: str, limit: str, window_ms: int, distinct: bool
-) -> Rule:
+def _rule(rule_id: int, spec: str) -> Rule:
     """The evaluation parameters a keyed row carries, as a Rule (grouping and filter are already applied)."""
+    version, field, aggregator, operator, limit, window_ms, distinct = spec.split("|")
     return Rule(
         rule_id=rule_id,
         state="ACTIVE",
@@ -85,27 +95,15 @@ def _rule(
         aggregator=aggregator,
         operator=operator,
         limit=Decimal(limit),
-        window_minutes=window_ms // 60_000,
-        version=version,
-        unique=("distinct",) if distinct else (),
+        window_minutes=int(window_ms) // 60_000,
+        version=int(version),
+        unique=("distinct",) if distinct == "1" else (),
     )
 
 
 def rules_of(rows: pd.DataFrame) -> dict[int, Rule]:
-    cols = [
-        "ruleId",
-        "ruleVersion",
-        "aggregateFieldName",
-        "aggregatorFunctionType",
-        "limitOperatorType",
-        "limit",
-        "windowMs",
-        "distinct",
-    ]
-    return {
-        int(r[0]): _rule(int(r[0]), int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), bool(r[7]))
-        for r in rows.drop_duplicates("ruleId")[cols].itertuples(index=False)
-    }
+    pairs = rows.drop_duplicates("ruleId")[["ruleId", "spec"]].itertuples(index=False)
+    return {int(rid): _rule(int(rid), spec) for rid, spec in pairs}
 
 
 def retention(active: dict[int, tuple[int, int]], horizon: int) -> Retention:
@@ -146,6 +144,8 @@ def step(
     meta.active = str(batch["active"].iloc[0])
     active = meta.active_rules()
 
+    rules = rules_of(batch)
+    batch["ruleVersion"] = batch["ruleId"].map({rid: rule.version for rid, rule in rules.items()})
     late = batch["eventTime"].to_numpy(np.int64) < watermark if watermark > 0 else np.zeros(len(batch), bool)
     live = batch[~late].reset_index(drop=True)
     n = len(live)
@@ -158,7 +158,6 @@ def step(
         val=live["val"].to_numpy(np.int64),
         uniq=live["uniq"].to_numpy(np.int64),
     )
-    rules = rules_of(live)
     meta.next_seq += n
 
     horizon = max(watermark, int(batch["eventTime"].max()) - lateness_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -86,48 +87,65 @@ def _write_file(folder: str, name: str, rows: list[dict]) -> None:
     os.replace(tmp, os.path.join(folder, name))
 
 
-class RateWriter(threading.Thread):
-    """Writes `rate` events per second into a landing folder, stamping ingestionTimestamp.
+class PacedWriter(threading.Thread):
+    """Emits `rate` events per second in ticks of `tick_s`, stamping ingestionTimestamp; subclasses
+    say where a tick's events go (`emit`) and what to do at the end (`close`).
 
     With `realtime`, the event's time field is the wall clock as well (the `make run` demo);
     otherwise the workload's own event times are kept (benchmarks).
     """
 
-    def __init__(self, folder: str, events: Iterator[dict], rate: float, tick_s: float = 0.1,
-                 realtime: bool = False, limit: int | None = None, time_field: str = "eventTime"):  # fmt: skip
-        super().__init__(daemon=True, name="rate-writer")
-        self.folder, self.events, self.rate, self.tick_s = folder, events, rate, tick_s
+    def __init__(self, events: Iterator[dict], rate: float, tick_s: float = 0.1, realtime: bool = False,
+                 limit: int | None = None, time_field: str = "eventTime", name: str = "rate-writer"):  # fmt: skip
+        super().__init__(daemon=True, name=name)
+        self.events, self.rate, self.tick_s = events, rate, tick_s
         self.realtime, self.limit, self.time_field = realtime, limit, time_field
         self.written = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
+
+    def emit(self, rows: list[dict], now_ms: int, tick: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once when the writer ends."""
 
     def run(self) -> None:
-        os.makedirs(self.folder, exist_ok=True)
-        started = time.time()
-        tick = 0
-        while not self._stop.is_set() and (self.limit is None or self.written < self.limit):
-            tick += 1
-            due = int(self.rate * tick * self.tick_s) - self.written
-            if self.limit is not None:
-                due = min(due, self.limit - self.written)
-            rows = []
-            now = int(time.time() * 1000)
-            for event in self.events if due > 0 else ():
-                event["ingestionTimestamp"] = now
-                if self.realtime:
-                    event[self.time_field] = now
-                rows.append(event)
-                if len(rows) >= due:
-                    break
-            if due > 0 and not rows:
-                break
-            if rows:
-                _write_file(self.folder, f"rt-{now}-{tick:08d}.json", rows)
-                self.written += len(rows)
-            self._stop.wait(max(0.0, started + tick * self.tick_s - time.time()))
+        started, tick = time.time(), 0
+        try:
+            while not self._halt.is_set() and (self.limit is None or self.written < self.limit):
+                tick += 1
+                due = int(self.rate * tick * self.tick_s) - self.written
+                if self.limit is not None:
+                    due = min(due, self.limit - self.written)
+                now = int(time.time() * 1000)
+                rows = list(itertools.islice(self.events, max(0, due)))
+                if due > 0 and not rows:
+                    break  # the workload is exhausted
+                for event in rows:
+                    event["ingestionTimestamp"] = now
+                    if self.realtime:
+                        event[self.time_field] = now
+                if rows:
+                    self.emit(rows, now, tick)
+                    self.written += len(rows)
+                self._halt.wait(max(0.0, started + tick * self.tick_s - time.time()))
+        finally:
+            self.close()
+
+
+class RateWriter(PacedWriter):
+    """A paced writer into a landing folder: one JSON-lines file per tick."""
+
+    def __init__(self, folder: str, events: Iterator[dict], rate: float, **kwargs):
+        super().__init__(events, rate, **kwargs)
+        self.folder = folder
+        os.makedirs(folder, exist_ok=True)
+
+    def emit(self, rows: list[dict], now_ms: int, tick: int) -> None:
+        _write_file(self.folder, f"rt-{now_ms}-{tick:08d}.json", rows)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from ingestion rather than two.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,6 +26,7 @@ EVALUATE_QUERY = "evaluate"
 RULES_QUERY = "rules"
 LOGINS_INGEST_QUERY = "ingest_logins"
 LOGINS_QUERY = "detect_logins"
+QUERIES = (RULES_QUERY, INGEST_QUERY, EVALUATE_QUERY, LOGINS_INGEST_QUERY, LOGINS_QUERY)
 
 
 def raw_transactions(spark: SparkSession, cfg: JobConfig) -> DataFrame:
@@ -40,23 +42,28 @@ def raw_logins(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     return ingest.file_source(spark, cfg.logins_landing, cfg.max_files_per_trigger)
 
 
-def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
-    """Source records → keyed events → windowed evaluation: the processor's output rows."""
-    tx = ingest.valid(ingest.parse(raw))
-    # The watermark column is dropped right after it is declared: the stateful stage then still
-    # receives the query's watermark, but Spark no longer discards late rows before we can report them.
-    tx = (
-        tx.withColumn("wm_ts", F.timestamp_millis("eventTime"))
-        .withWatermark("wm_ts", f"{cfg.lateness_ms} milliseconds")
+def watermarked(df: DataFrame, time_ms_column: str, lateness_ms: int) -> DataFrame:
+    """The event-time watermark on an epoch-ms column, declared on a helper column that is dropped at
+    once: the stateful stage still receives the query's watermark, but Spark no longer discards late
+    rows before the processor can report them."""
+    return (
+        df.withColumn("wm_ts", F.timestamp_millis(time_ms_column))
+        .withWatermark("wm_ts", f"{lateness_ms} milliseconds")
         .drop("wm_ts")
     )
+
+
+def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
+    """Source records → keyed events → windowed evaluation: the processor's output rows."""
+    tx = watermarked(ingest.valid(ingest.parse(raw)), "eventTime", cfg.lateness_ms)
     keyed = keying.key_transactions(tx, keying.active_rules(spark, cfg), cfg.shards)
     return keyed.groupBy("shard").transformWithStateInPandas(
         RulesProcessor(cfg.lateness_ms), OUTPUT_SCHEMA, "append", "EventTime"
     )
 
 
-def _start(df: DataFrame, cfg: JobConfig, name: str, sink) -> StreamingQuery:
+def start_query(df: DataFrame, sink: Callable[[DataFrame, int], None], cfg: JobConfig, name: str) -> StreamingQuery:
+    """Start one query with its foreachBatch sink, checkpoint and the configured trigger."""
     writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
     if cfg.available_now:
         writer = writer.trigger(availableNow=True)
@@ -132,35 +139,34 @@ class Job:
 
 def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
     """Login records → detector rules fan-out → per-user sequences: the login processor's output rows."""
-    events = ingest.valid(ingest.parse_logins(raw))
-    events = (
-        events.withColumn("wm_ts", F.timestamp_millis("eventTimestamp"))
-        .withWatermark("wm_ts", f"{cfg.lateness_ms} milliseconds")
-        .drop("wm_ts")
-    )  # same trick as evaluate()
+    events = watermarked(ingest.valid(ingest.parse_logins(raw)), "eventTimestamp", cfg.lateness_ms)
     keyed = keying.key_logins(events, keying.active_login_rules(spark, cfg), cfg.shards)
     return keyed.groupBy("shard").transformWithStateInPandas(LoginProcessor(), LOGIN_OUTPUT_SCHEMA, "append",
                                                              "EventTime")  # fmt: skip
+
+
+def query(spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print,
+          raw: DataFrame | None = None) -> tuple[DataFrame, Callable[[DataFrame, int], None]]:  # fmt: skip
+    """The named query's streaming DataFrame and its foreachBatch sink (`raw`: the transactions source)."""
+    if name == RULES_QUERY:
+        return rule_changes(spark, cfg), RuleChangeSink(cfg, printer)
+    if name in (INGEST_QUERY, EVALUATE_QUERY):
+        raw = raw if raw is not None else raw_transactions(spark, cfg)
+        if name == INGEST_QUERY:
+            return ingest.parse(raw), lambda df, bid: ingest.write_batch(df, cfg, bid, INGEST_QUERY)
+        return evaluate(spark, cfg, raw), AlertSink(cfg, EVALUATE_QUERY, printer)
+    if name == LOGINS_INGEST_QUERY:
+        return ingest.parse_logins(raw_logins(spark, cfg)), lambda df, bid: ingest.write_batch(
+            df, cfg, bid, LOGINS_INGEST_QUERY, kind="login"
+        )
+    if name == LOGINS_QUERY:
+        return detect_logins(spark, cfg, raw_logins(spark, cfg)), AlertSink(cfg, LOGINS_QUERY, printer, logins=True)
+    raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
 
 
 def start(spark: SparkSession, cfg: JobConfig, raw: DataFrame | None = None, printer: Printer | None = print) -> Job:
     """Create missing tables and start the queries: rules, ingest + evaluate, and (cfg.logins) the login ones."""
     tables.ensure(spark, cfg)
     raw = raw if raw is not None else raw_transactions(spark, cfg)
-    queries = {
-        RULES_QUERY: _start(rule_changes(spark, cfg), cfg, RULES_QUERY, RuleChangeSink(cfg, printer)),
-        INGEST_QUERY: _start(ingest.parse(raw), cfg, INGEST_QUERY,
-                             lambda df, bid: ingest.write_batch(df, cfg, bid, INGEST_QUERY)),
-        EVALUATE_QUERY: _start(evaluate(spark, cfg, raw), cfg, EVALUATE_QUERY, AlertSink(cfg, EVALUATE_QUERY, printer)),
-    }  # fmt: skip
-    if cfg.logins:
-        logins = raw_logins(spark, cfg)
-        queries[LOGINS_INGEST_QUERY] = _start(
-            ingest.parse_logins(logins),
-            cfg,
-            LOGINS_INGEST_QUERY,
-            lambda df, bid: ingest.write_batch(df, cfg, bid, LOGINS_INGEST_QUERY, kind="login"),
-        )
-        queries[LOGINS_QUERY] = _start(detect_logins(spark, cfg, logins), cfg, LOGINS_QUERY,
-                                       AlertSink(cfg, LOGINS_QUERY, printer, logins=True))  # fmt: skip
-    return Job(queries)
+    names = QUERIES if cfg.logins else QUERIES[:3]
+    return Job({name: start_query(*query(spark, cfg, name, printer, raw), cfg, name) for name in names})

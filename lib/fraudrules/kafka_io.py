@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 
@@ -31,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 
 from fraudrules.config import JobConfig
+from fraudrules.generator import PacedWriter
 from fraudrules.ingest import RAW_COLUMNS
 
 # Rule change sources are "topic-partition:offset" with the offset zero-padded: text order = offset order.
@@ -133,46 +133,20 @@ def produce(bootstrap: str, topic: str, values: list, key: str | None = None, ti
     return len(values)
 
 
-class KafkaRateWriter(threading.Thread):
-    """`generator.RateWriter` for a topic: `rate` events per second, ingestionTimestamp stamped, flushed per tick."""
+class KafkaRateWriter(PacedWriter):
+    """A paced writer into a topic: one message per event, polled per tick, flushed at the end."""
 
-    def __init__(self, bootstrap: str, topic: str, events: Iterator[dict], rate: float, tick_s: float = 0.1,
-                 realtime: bool = False, limit: int | None = None, time_field: str = "eventTime"):  # fmt: skip
-        super().__init__(daemon=True, name=f"kafka-writer-{topic}")
-        self.bootstrap, self.topic, self.events, self.rate, self.tick_s = bootstrap, topic, events, rate, tick_s
-        self.realtime, self.limit, self.time_field = realtime, limit, time_field
-        self.written = 0
-        self._stop = threading.Event()
+    def __init__(self, bootstrap: str, topic: str, events: Iterator[dict], rate: float, **kwargs):
+        super().__init__(events, rate, name=f"kafka-writer-{topic}", **kwargs)
+        self.topic, self._producer = topic, producer(bootstrap)
 
-    def stop(self) -> None:
-        self._stop.set()
+    def emit(self, rows: list[dict], now_ms: int, tick: int) -> None:
+        for event in rows:
+            self._producer.produce(self.topic, value=json.dumps(event).encode())
+        self._producer.poll(0)
 
-    def run(self) -> None:
-        p = producer(self.bootstrap)
-        started, tick = time.time(), 0
-        try:
-            while not self._stop.is_set() and (self.limit is None or self.written < self.limit):
-                tick += 1
-                due = int(self.rate * tick * self.tick_s) - self.written
-                if self.limit is not None:
-                    due = min(due, self.limit - self.written)
-                now = int(time.time() * 1000)
-                sent = 0
-                for event in self.events if due > 0 else ():
-                    event["ingestionTimestamp"] = now
-                    if self.realtime:
-                        event[self.time_field] = now
-                    p.produce(self.topic, value=json.dumps(event).encode())
-                    sent += 1
-                    if sent >= due:
-                        break
-                if due > 0 and not sent:
-                    break
-                p.poll(0)
-                self.written += sent
-                self._stop.wait(max(0.0, started + tick * self.tick_s - time.time()))
-        finally:
-            p.flush(10)
+    def close(self) -> None:
+        self._producer.flush(10)
 
 
 # --- local broker and topics (dev, tests, demos) ----------------------------------------------------------------

@@ -12,7 +12,8 @@ from pyspark.sql import functions as F
 
 from fraudrules import tables
 from fraudrules.config import JobConfig
-from fraudrules.evaluation import KEYED_COLUMNS
+from fraudrules.evaluation import KEYED_COLUMNS, SPEC_FIELDS
+from fraudrules.ingest import FIELD_NAMES
 from fraudrules.logins import LOGIN_COLUMNS
 from fraudrules.rules import COUNT_FIELDS, LOGIN_RULE
 
@@ -48,12 +49,22 @@ def active_rules(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 
 
 def _passes_filter() -> Column:
-    return F.expr(f"forall(coalesce(filter, array()), c -> coalesce({_FILTER_TERM}, false))")
+    # The common unfiltered rule is decided before the lambda (higher-order functions run uncompiled).
+    return F.expr(f"filter IS NULL OR size(filter) = 0 OR forall(filter, c -> coalesce({_FILTER_TERM}, false))")
 
 
 # The key as a JSON object text; names and values need no escaping (validated field names, numbers, CSH/CRD).
-_KEY = """concat('{', array_join(transform(groupingKeyNames,
-    n -> concat('"', n, '":', coalesce(concat('"', fields[n], '"'), 'null'))), ','), '}')"""
+# Spelled out per position rather than with transform(): a lambda would run uncompiled on every keyed row.
+_KEY_PART = """concat('"', get(groupingKeyNames, {i}), '":',
+                     coalesce(concat('"', fields[get(groupingKeyNames, {i})], '"'), 'null'))"""
+_KEY_PARTS = ", ".join(_KEY_PART.format(i=i) for i in range(len(FIELD_NAMES)))
+_KEY = f"concat('{{', concat_ws(',', {_KEY_PARTS}), '}}')"
+
+
+def _spec() -> Column:
+    """The rules-table columns behind evaluation.SPEC_FIELDS, joined ("distinct" as 0/1)."""
+    parts = [F.col(c).cast("string") for c in SPEC_FIELDS[:-1]] + [(F.size("unique") > 0).cast("int").cast("string")]
+    return F.concat_ws("|", *parts)
 
 
 def key_transactions(transactions: DataFrame, rules: DataFrame, shards: int) -> DataFrame:
@@ -68,9 +79,8 @@ def key_transactions(transactions: DataFrame, rules: DataFrame, shards: int) -> 
         F.expr(_KEY).alias("key"),
         F.when(is_count, F.lit(0).cast("long")).otherwise(scaled).alias("val"),
         F.coalesce(uniq, F.lit(0).cast("long")).alias("uniq"),
-        (F.size("unique") > 0).alias("distinct"),
+        _spec().alias("spec"),
         F.xxhash64("srcName").alias("srcId"),
-        F.col("version").alias("ruleVersion"),
         F.col("ruleId").cast("long").alias("ruleIdL"),
     ).where(is_count | F.col("val").isNotNull())
     keyed = keyed.drop("ruleId").withColumnRenamed("ruleIdL", "ruleId")

@@ -20,8 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from fraudrules import analysis, backtest, ingest, job, rulebook, tables
-from fraudrules.alerting import AlertSink, Printer
+from fraudrules import analysis, backtest, job, rulebook, tables
+from fraudrules.alerting import Printer
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import JobConfig
 from fraudrules.generator import Workload, write_jsonl
@@ -29,7 +29,6 @@ from fraudrules.rules import Rule, load_rules_file, parse_rule
 from fraudrules.session import on_databricks
 
 ENV_PREFIX = "FRAUDRULES_"
-QUERIES = (job.INGEST_QUERY, job.EVALUATE_QUERY, job.RULES_QUERY)
 SHADOW_OFFSET = 1_000_000  # a candidate rule replays beside the live one under this offset id
 # Records the local workload adds to the landing folder so that the quarantine has something to show.
 INVALID_RECORDS = (
@@ -182,29 +181,14 @@ def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 50
 
 
 def start_query(spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print) -> StreamingQuery:
-    """One of the job's queries (`ingest`, `evaluate` or `rules`), started as `job.start` starts it.
+    """One of the job's queries (`job.QUERIES`), started as `job.start` starts it.
 
     The continuous job runs them from separate notebook tasks, so that each restarts on its own.
     """
-    if name not in QUERIES:
-        raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
+    if name not in job.QUERIES:
+        raise ValueError(f"unknown query {name!r}; queries: {', '.join(job.QUERIES)}")
     ensure_tables(spark, cfg)
-    sink: Any
-    if name == job.INGEST_QUERY:
-        df = ingest.parse(job.raw_transactions(spark, cfg))
-        sink = lambda batch, batch_id: ingest.write_batch(batch, cfg, batch_id, job.INGEST_QUERY)  # noqa: E731
-    elif name == job.EVALUATE_QUERY:
-        df = job.evaluate(spark, cfg, job.raw_transactions(spark, cfg))
-        sink = AlertSink(cfg, job.EVALUATE_QUERY, printer)
-    else:
-        df = job.rule_changes(spark, cfg)
-        sink = job.RuleChangeSink(cfg, printer)
-    writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
-    if cfg.available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds")
-    return writer.start()
+    return job.start_query(*job.query(spark, cfg, name, printer), cfg, name)
 
 
 def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from fraudrules.config import JobConfig
+from fraudrules.windowing import OPERATORS
 
 SUITES = ("transactions", "quarantine", "rules", "alerts", "window_state", "late_events")
 
@@ -60,14 +61,6 @@ RESULTS_SCHEMA = (
     "success boolean, elementCount long, unexpectedCount long, unexpectedPercent double, observed string, "
     "sample string, invariant string, dataDocs string"
 )
-_OPS = {
-    "EQUAL": lambda a, b: a == b,
-    "NOT_EQUAL": lambda a, b: a != b,
-    "GREATER": lambda a, b: a > b,
-    "GREATER_EQUAL": lambda a, b: a >= b,
-    "LESS": lambda a, b: a < b,
-    "LESS_EQUAL": lambda a, b: a <= b,
-}
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -199,7 +192,7 @@ def derive_alerts(alerts: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     }
 
     def satisfies(row) -> bool:
-        agg, lim, op = _dec(row.aggregate), _dec(row.limit), _OPS.get(row.limitOperatorType)
+        agg, lim, op = _dec(row.aggregate), _dec(row.limit), OPERATORS.get(row.limitOperatorType)
         return bool(agg is not None and lim is not None and op is not None and op(agg, lim))
 
     def matches(row) -> bool:

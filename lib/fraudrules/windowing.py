@@ -321,7 +321,7 @@ def _count_with_reset(
     return np.array(pos, dtype=np.int64), np.array(num, dtype=object), np.ones(len(pos), dtype=object)
 
 
-_OPS = {
+OPERATORS = {  # elementwise, on arrays and on scalars alike (Decimal included)
     "EQUAL": np.equal,
     "NOT_EQUAL": np.not_equal,
     "GREATER": np.greater,
@@ -343,4 +343,4 @@ def compare(num: np.ndarray, den: np.ndarray, rule: Rule) -> np.ndarray:
     else:
         lhs = np.asarray(num, dtype=object) * scale
         rhs = lim_num * np.asarray(den, dtype=object)
-    return np.asarray(_OPS[rule.operator](lhs, rhs), dtype=bool)
+    return np.asarray(OPERATORS[rule.operator](lhs, rhs), dtype=bool)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import textwrap
 
-from tests.airflow_support import AIRFLOW_PYTHON, DAGS, needs_airflow
+from tests.airflow_support import AIRFLOW_PYTHON, DAGS, last_json, needs_airflow
 
 pytestmark = [needs_airflow]
 
@@ -70,15 +68,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_databricks_start_restart_and_latency():
-    proc = subprocess.run(
-        [str(AIRFLOW_PYTHON), "-c", SCRIPT, str(DAGS / "fraud_stream.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = last_json([str(AIRFLOW_PYTHON), "-c", SCRIPT, str(DAGS / "fraud_stream.py")], timeout=120)
 
     paused = out["paused"]
     assert paused["health"]["action"] == "start" and paused["health"]["job_id"] == 7

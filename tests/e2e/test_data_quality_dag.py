@@ -15,7 +15,7 @@ import pytest
 from fraudrules.generator import Workload, write_jsonl
 from fraudrules.monitor import read_newest
 
-from tests.airflow_support import JOB_PYTHON, REPO, dag_test, needs_airflow
+from tests.airflow_support import JOB_PYTHON, REPO, dag_test, last_json, needs_airflow
 
 pytestmark = [
     pytest.mark.e2e,
@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM"),
 ]
 
-RULES = REPO / "lib" / "fraudrules" / "bench_rules.json"
+RULES = REPO / "tests" / "fixtures" / "rules.json"
 FIELDS = ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType")
 
 
@@ -114,17 +114,8 @@ def test_quality_dag_passes_on_real_tables(backtest_data):
 
 def test_quality_dag_fails_naming_each_broken_invariant(backtest_data, tmp_path):
     corrupted = tmp_path / "corrupted"
-    proc = subprocess.run(
-        [str(JOB_PYTHON), "-m", "tests.e2e.dq_corrupt", str(backtest_data), str(corrupted)],
-        cwd=str(REPO),
-        env=_job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    done = last_json([str(JOB_PYTHON), "-m", "tests.e2e.dq_corrupt", str(backtest_data), str(corrupted)],
+                     cwd=str(REPO), env=_job_env())  # fmt: skip
 
     out, log = dag_test("fraud_data_quality", {"data_dir": str(corrupted)})
     assert out["state"] == "failed"
