@@ -116,8 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for writer in writers:
             writer.stop()
         failed = [q.exception() for q in running.queries if not q.isActive and q.exception()]
-        spark.sparkContext.setLogLevel("FATAL")  # stopping interrupts running batches; that is not an error
-        running.stop()
+        spark.sparkContext.setLogLevel("FATAL")  # a batch still running after the drain is interrupted: not an error
+        running.stop(drain_s=0 if failed else 60)  # the generators are stopped: in-flight batches finish first
         spark.stop()
         if broker is not None:
             broker.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -81,8 +82,9 @@ def write_jsonl(folder: str, transactions: Iterator[dict], per_file: int = 5_000
 
 def _write_file(folder: str, name: str, rows: list[dict]) -> None:
     # Written beside the folder, then renamed in: the file source never sees a half-written file.
-    tmp = os.path.join(os.path.dirname(os.path.abspath(folder)), f".{name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    # A unique temporary name: writers of sibling folders share the parent and may pick the same `name`.
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=os.path.dirname(os.path.abspath(folder)))
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, os.path.join(folder, name))
 

@@ -7,6 +7,7 @@ from ingestion rather than two.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -131,8 +132,13 @@ class Job:
         for q in self.queries:
             q.processAllAvailable()
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop every query; with `drain_s`, each first gets that long to finish the micro-batch it is in
+        (stopping interrupts a running batch: it is redone on restart, but the JVM reports the interruption)."""
+        deadline = time.monotonic() + drain_s
         for q in self.queries:
+            while q.isActive and q.status["isTriggerActive"] and time.monotonic() < deadline:
+                time.sleep(0.2)
             if q.isActive:
                 q.stop()
 
