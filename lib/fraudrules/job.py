@@ -132,7 +132,7 @@ class Job:
         for q in self.queries:
             q.processAllAvailable()
 
-    def stop(self, drain_s: float = 0.0) -> None:
+    def stop(self, drain_s: float = 30.0) -> None:
         """Stop every query; with `drain_s`, each first gets that long to finish the micro-batch it is in
         (stopping interrupts a running batch: it is redone on restart, but the JVM reports the interruption)."""
         deadline = time.monotonic() + drain_s
