@@ -83,6 +83,16 @@ def execute(
     return target
 
 
+def to_html(executed: Path) -> Path:
+    """An HTML copy of an executed notebook beside it (plots embedded): opens in any browser."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed))
+    html = executed.with_suffix(".html")
+    html.write_text(body, encoding="utf-8")
+    return html
+
+
 def errors(executed: Path) -> list[str]:
     """Error outputs of an executed notebook ("ename: evalue" each)."""
     import nbformat
@@ -130,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report which notebook failed, then stop: later ones build on it
             print(f"FAILED {nb.name} after {time.time() - started:.0f} s: {exc}", file=sys.stderr)
             return 1
-        print(f"ok {nb.name} in {time.time() - started:.0f} s -> {executed}")
+        print(f"ok {nb.name} in {time.time() - started:.0f} s -> {executed} (+ {to_html(executed).name})")
     print(f"figures in {out / 'figures'}, data in {data_dir}")
     return 0
 
