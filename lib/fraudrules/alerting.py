@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import kafka_io, tables
@@ -116,17 +116,17 @@ class AlertSink:
         self.late_kind = "login" if logins else "transaction"
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
 
-    def _unreported(self, out: DataFrame, versions: set[tuple[int, int]]) -> bool:
-        """Whether this batch evaluated a rule version whose apply delay is not recorded yet."""
+    def _reported_versions(self, spark: SparkSession) -> set[tuple[int, int]]:
+        """Rule versions whose apply delay is recorded (read from the table once, then kept up to date)."""
         if self.reported is None:
-            applied = tables.read(out.sparkSession, self.cfg, "rule_applied").select("ruleId", "version").collect()
+            applied = tables.read(spark, self.cfg, "rule_applied").select("ruleId", "version").collect()
             self.reported = {(r.ruleId, r.version) for r in applied}
-        return bool(versions - self.reported)
+        return self.reported
 
     def _rule_applies(self, out: DataFrame, batch_id: int) -> None:
         """Record, once per rule version, the delay from its change to the first event evaluated under it."""
         spark = out.sparkSession
-        assert self.reported is not None  # loaded by _unreported
+        reported = self._reported_versions(spark)
         history = tables.read(spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
         seen = (
             out.where("kind = 'rule'").groupBy("ruleId", "ruleVersion").agg(F.min("producedAt").alias("first"))
@@ -137,11 +137,11 @@ class AlertSink:
                     (F.col("first") - F.unix_millis("updatedAt")).alias("delayMs"),
                     F.lit(batch_id).cast("long").alias("batchId"))
         )  # fmt: skip
-        records = [r.asDict() for r in seen.collect() if (r.ruleId, r.version) not in self.reported]
+        records = [r.asDict() for r in seen.collect() if (r.ruleId, r.version) not in reported]
         if not records:
             return
         for r in records:
-            self.reported.add((r["ruleId"], r["version"]))
+            reported.add((r["ruleId"], r["version"]))
             if self.printer and r["delayMs"] is not None:
                 self.printer(f"[rules] rule {r['ruleId']} v{r['version']} in force: first event evaluated "
                              f"{r['delayMs'] / 1000:.1f} s after the change")  # fmt: skip
@@ -185,7 +185,7 @@ class AlertSink:
             if counts.get("late"):
                 late = late_rows(out, batch_id, self.late_kind)
                 tables.append(late, self.cfg, "late_events", f"{self.query}-late", batch_id)
-            if self._unreported(out, versions):
+            if versions - self._reported_versions(out.sparkSession):  # a rule version evaluated for the first time
                 self._rule_applies(out, batch_id)
             record = {
                 "query": self.query,
