@@ -6,19 +6,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 JARS := .jars
 DATA_DIR ?= data
+LINTED := lib tests dags tools
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export FRAUDRULES_JARS := $(abspath $(JARS)/spark)
+export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
 
-.PHONY: setup run test test-unit lint bench demo-rules notebooks dq clean
+.PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars clean
 AIRFLOW_VENV := .venv-airflow
 setup: $(VENV)/.installed $(JARS)/spark/.resolved $(AIRFLOW_VENV)/.installed
 
+# The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time).
 $(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt -r requirements-quality.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 # Airflow lives in its own environment (its pins are strict); DAG tasks call the job environment's commands.
@@ -33,21 +36,36 @@ $(JARS)/spark/.resolved: jvm/spark/pom.xml
 	  -DoutputDirectory=$(abspath $(JARS)/spark)
 	touch $@
 
+# `make run SOURCE=kafka`: transactions, logins and rule changes from topics, alerts also to a topic; without
+# --kafka-bootstrap HOST:PORT in ARGS, a local broker in $(DATA_DIR)/kafka (tools/kafka_local.py) is started
+# around the job and its address passed as --kafka-bootstrap.
+RUN := $(BIN)/fraudrules run --data-dir $(DATA_DIR) $(if $(SOURCE),--source $(SOURCE)) $(ARGS)
+LOCAL_BROKER := $(and $(filter kafka,$(SOURCE)),$(if $(findstring --kafka-bootstrap,$(ARGS)),,yes))
 run: setup
-	$(BIN)/fraudrules run --data-dir $(DATA_DIR) $(ARGS)
+	$(if $(LOCAL_BROKER),$(BIN)/python -m tools.kafka_local with-broker --work-dir $(DATA_DIR)/kafka --) $(RUN)
 
-test: setup
-	$(BIN)/ruff check lib tests dags
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit
 
 lint: setup
-	$(BIN)/ruff check lib tests dags
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+format: setup
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
+
+# The wheel a cluster installs (databricks.yml builds the same into dist/); tests/e2e/test_wheel.py builds its own.
+wheel: setup
+	rm -rf dist build
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation --wheel-dir dist .
+	@ls dist/*.whl
 
 bench: setup
-	$(BIN)/fraudrules bench --data-dir bench/work $(ARGS)
+	$(BIN)/python -m tools.bench --data-dir bench/work $(ARGS)
 
 # Runs the data-quality DAG locally (airflow dags test) on the tables under DATA_DIR; leaves Data Docs HTML.
 dq: setup
@@ -58,29 +76,21 @@ dq: setup
 	echo "Data Docs: $(abspath $(DATA_DIR))/dq/docs/index.html"; exit $$rc
 
 notebooks: setup
-	$(BIN)/python -m fraudrules.notebooks_runner --out notebooks/_executed
+	$(BIN)/python -m tools.notebooks_runner --out notebooks/_executed
 
 demo-rules: setup
-	$(BIN)/fraudrules demo-rules $(ARGS)
+	$(BIN)/python -m tools.demo_rules $(ARGS)
 
-clean:
-	rm -rf $(DATA_DIR) bench/work spark-warehouse
+# Kill the job with SIGKILL mid-run, restart it, compare with a backtest (ARGS="--source kafka" on a local broker).
+crash-demo: setup
+	$(BIN)/python -m tools.crash_demo --data-dir $(DATA_DIR)/crash-demo $(ARGS)
 
-# Kafka: a local single-node KRaft broker from Maven Central jars (resolved into .jars/kafka once, by
-# fraudrules.kafka_local.resolve_jars), the job on Kafka, and the crash-and-restart exactly-once demo.
-.PHONY: kafka kafka-jars crash-demo
-export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
-
+# A local single-node KRaft broker from Maven Central jars (resolved into .jars/kafka once).
 kafka-jars: setup
-	$(BIN)/python -c "from pathlib import Path; from fraudrules.kafka_local import DEFAULT_POM, resolve_jars; \
-	  print('Kafka jars in', resolve_jars(Path('$(FRAUDRULES_KAFKA_JARS)'), DEFAULT_POM))"
+	$(BIN)/python -m tools.kafka_local jars
 
 kafka: kafka-jars
-	$(BIN)/python -m fraudrules.kafka_local start --work-dir $(DATA_DIR)/kafka $(ARGS)
+	$(BIN)/python -m tools.kafka_local start --work-dir $(DATA_DIR)/kafka $(ARGS)
 
-# `make run SOURCE=kafka`: transactions, logins and rule changes from topics, alerts also to a topic; a local
-# broker is started in $(DATA_DIR)/kafka unless ARGS has --kafka-bootstrap HOST:PORT.
-run: override ARGS += $(if $(SOURCE),--source $(SOURCE))
-
-crash-demo: setup
-	$(BIN)/fraudrules crash-demo --data-dir $(DATA_DIR)/crash-demo $(ARGS)
+clean:
+	rm -rf $(DATA_DIR) bench/work spark-warehouse dist build

@@ -1,10 +1,11 @@
 """Data quality of the fraud-rules tables (Great Expectations), hourly.
 
-Runs `python -m fraudrules.quality` of the **job environment** (where Spark and Great Expectations are),
+Runs `fraudrules quality` of the **job environment** (where Spark and Great Expectations are),
 as a production deployment would: the Airflow worker only starts it and reads its JSON report. The run
 fails, without retrying (retrying does not change the data), naming every failed expectation and table;
 a crash of the check itself (no report) is retried. Data Docs are written to `docs_dir`
-(default `<data_dir>/dq/docs`), results appended to the `dq_results` Delta table.
+(default `<data_dir>/dq/docs`), results appended to the `dq_results` Delta table. A suite whose table or state
+(the evaluate query's checkpoint) is missing fails with that reason.
 
 Heavy libraries are imported by the job environment's process only, never by this file.
 """
@@ -93,7 +94,8 @@ def fraud_data_quality():
         cmd = [
             where["job_python"],
             "-m",
-            "fraudrules.quality",
+            "fraudrules.cli",
+            "quality",
             "--data-dir",
             where["data_dir"],
             "--docs-dir",

@@ -1,14 +1,16 @@
 """Keep the continuous fraud-rules job running, every 5 minutes: start it, check it, restart it.
 
-`target` selects where the job runs:
+`target` selects where the job runs; both are judged by the job environment's `fraudrules status` (the same
+rules and thresholds, `fraudrules.ops.health`):
 
-- **local**: the job environment's `python -m fraudrules.monitor` reads the job's heartbeat (the `batches`
-  Delta table, without a JVM), its pid file and its landing backlog, and starts `fraudrules run` detached
-  when it is not running, or restarts it when it runs but has committed no batch for `stale_after_s`
-  while input waits (a hung job);
+- **local**: `fraudrules status` reads the job's heartbeat (the `batches` Delta table, without a JVM), its pid
+  file and its landing backlog; the repository's local supervisor (`python -m tools.supervisor`) starts
+  `fraudrules run` detached when it is not running, or restarts it when it runs but has committed no batch for
+  `stale_after_s` while input waits (a hung job);
 - **databricks**: the Databricks provider's hook looks up the bundle's job (`databricks_job_id`, or by
-  `databricks_job_name`), starts a run when none is active, and, when a SQL warehouse is configured,
-  reads the heartbeat from the `batches` table and cancels + restarts a run that stopped committing.
+  `databricks_job_name`) and its active run and, when a SQL warehouse is configured, reads the heartbeat from
+  the `batches` table; `fraudrules status --facts -` judges those facts; the hook starts a run when none is
+  active, or cancels a run that stopped committing (the continuous trigger starts the next).
 
 The DAG never waits for the continuous job: starting returns once the process (or run) exists. A run fails,
 without retrying, when the job is slow (p99 latency over `p99_threshold_ms` or rising), falls behind
@@ -38,8 +40,9 @@ default_args = {
 }
 
 
-def _monitor(params: dict, *args: str, timeout: float = 120) -> dict:
-    """Run `python -m fraudrules.monitor ...` of the job environment; its JSON answer."""
+def _job_command(params: dict, module: str, *args: str, stdin: str | None = None, timeout: float = 120) -> dict:
+    """Run `python -m <module> ...` of the job environment (from the repository: the local supervisor lives
+    in tools/); its JSON answer."""
     import json
     import subprocess
 
@@ -47,11 +50,24 @@ def _monitor(params: dict, *args: str, timeout: float = 120) -> dict:
     if not os.path.isfile(python):
         raise FileNotFoundError(f"job environment python {python} not found: run `make setup`")
     env = dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
-    cmd = [python, "-m", "fraudrules.monitor", *args, "--data-dir", os.path.abspath(params["data_dir"])]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    cmd = [python, "-m", module, *args]
+    proc = subprocess.run(
+        cmd, env=env, cwd=REPO, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _status(params: dict, *args: str, stdin: str | None = None) -> dict:
+    """`fraudrules status` of the job environment, with the DAG's thresholds."""
+    return _job_command(params, "fraudrules.cli", "status", *_thresholds(params), *args, stdin=stdin)
+
+
+def _supervise(params: dict, command: str, *args: str) -> dict:
+    """The local supervisor of the job environment: start / restart the job detached."""
+    data_dir = os.path.abspath(params["data_dir"])
+    return _job_command(params, "tools.supervisor", command, "--data-dir", data_dir, *args, timeout=180)
 
 
 def _thresholds(params: dict) -> list[str]:
@@ -125,7 +141,8 @@ def _databricks_heartbeat(params: dict) -> dict | None:
 
 
 def _databricks_status(params: dict) -> dict:
-    import time
+    """The bundle job's active run and heartbeat, judged by the job environment's `fraudrules status`."""
+    import json
 
     hook = _databricks_hook(params)
     job_id = _databricks_job_id(hook, params)
@@ -133,45 +150,19 @@ def _databricks_status(params: dict) -> dict:
     runs = [r for r in listed.get("runs", []) if r.get("state", {}).get("life_cycle_state") in ACTIVE_STATES]
     run = runs[0] if runs else None
     beat = _databricks_heartbeat(params)
-    now = time.time()
-    uptime = now - run["start_time"] / 1000 if run and run.get("start_time") else None
-    stale = False
-    if run and beat is not None and uptime is not None:
-        own = beat["last_commit_ms"] is not None and beat["last_commit_ms"] >= run["start_time"]
-        stale = beat["age_s"] > params["stale_after_s"] if own else uptime > params["startup_grace_s"]
-    p99 = (beat or {}).get("p99_ms") or []
-    latency_high = bool(p99) and p99[-1] > params["p99_threshold_ms"]
-    half = len(p99) // 2
-    rising = half >= 3 and sorted(p99[-half:])[half // 2] >= 1.5 * max(sorted(p99[:half])[half // 2], 1e-9)
-    if run is None:
-        action, reason = "start", f"no active run of Databricks job {job_id}"
-    elif stale:
-        action, reason = "restart", f"stale heartbeat: last evaluate batch {beat['age_s']:.0f} s ago"
-    else:
-        action, reason = "none", "healthy"
-    problems = [reason] if action != "none" else []
-    if latency_high:
-        problems.append(f"latency p99 {p99[-1]:.0f} ms > {params['p99_threshold_ms']} ms")
-    if rising:
-        problems.append("latency rising")
+    runner = {
+        "launched": True,  # the deployed job exists; without an active run it is down
+        "alive": run is not None,
+        "started_at": run["start_time"] / 1000 if run and run.get("start_time") else None,
+        "down": f"no active run of Databricks job {job_id}",
+    }
+    verdict = _status(params, "--facts", "-", stdin=json.dumps({"runner": runner, "heartbeat": beat}))
     return {
         "target": "databricks",
         "job_id": job_id,
         "run_id": run["run_id"] if run else None,
         "heartbeat": beat,
-        "flags": {
-            "running": run is not None,
-            "dead": run is None,
-            "stale_heartbeat": stale,
-            "latency_high": latency_high,
-            "latency_rising": rising,
-            "lag_high": False,
-            "lag_rising": False,
-            "crash_loop": False,
-        },
-        "problems": problems,
-        "action": action,
-        "reason": reason,
+        **verdict,
     }
 
 
@@ -239,7 +230,7 @@ def fraud_stream():
         if p["target"] == "databricks":
             health = _databricks_status(p)
         else:
-            health = {"target": "local", **_monitor(p, "status", *_thresholds(p))}
+            health = {"target": "local", **_status(p, "--data-dir", os.path.abspath(p["data_dir"]))}
         print(f"action: {health['action']} ({health['reason']}); problems: {health['problems'] or 'none'}")
         return health
 
@@ -254,7 +245,7 @@ def fraud_stream():
         else:
             command = "start" if health["action"] == "start" else "restart"
             args = [command, *_launch_args(p), f"--reason={health['reason']}"]
-            done = {"action": health["action"], **_monitor(p, *args, timeout=180)}
+            done = {"action": health["action"], **_supervise(p, *args)}
         print(f"{health['action']}ed the job: {health['reason']} -> {done}")
         return done
 

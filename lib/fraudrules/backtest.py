@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from fraudrules import job, rulebook, tables
+from fraudrules import tables
 from fraudrules.config import JobConfig
-from fraudrules.rules import Rule
+from fraudrules.engine import job
+from fraudrules.rules import store
+from fraudrules.rules.model import Rule
 from fraudrules.tables import to_json_line
 
 ALERT_FIELDS = (
@@ -54,7 +56,7 @@ def run(spark: SparkSession, cfg: JobConfig, transactions: str | None, rules: li
     cfg = cfg.with_(transactions_source=os.path.abspath(transactions or empty), available_now=True,
                     logins=logins is not None, logins_source=logins and os.path.abspath(logins))  # fmt: skip
     tables.ensure(spark, cfg)
-    rulebook.upsert(spark, cfg, rules, author="backtest")
+    store.upsert(spark, cfg, rules, author="backtest")
     started = time.time()
     running = job.start(spark, cfg, printer=None)
     running.wait()

@@ -1,14 +1,40 @@
-"""One config object for every entry point: tables as local Delta paths or Unity Catalog names."""
+"""One config object for every entry point, and the names of the project's tables and queries.
+
+Standard library only: the health checks, the tools and the DAG side read these names without Spark.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 
-TABLES = (
-    "transactions", "logins", "quarantine", "rules", "rule_history", "rule_errors", "rules_export", "rule_applied",
-    "alerts", "late_events", "batches", "dq_results",
-)  # fmt: skip
+# Tables the job writes (created by `tables.ensure`), and the one the data-quality run appends to.
+JOB_TABLES = (
+    "transactions",
+    "logins",
+    "quarantine",
+    "rules",
+    "rule_history",
+    "rule_errors",
+    "rules_export",
+    "rule_applied",
+    "alerts",
+    "late_events",
+    "batches",
+)
+RESULTS_TABLE = "dq_results"
+TABLES = (*JOB_TABLES, RESULTS_TABLE)
+
+# Streaming queries of the job, each with its own checkpoint folder of that name.
+RULES_QUERY = "rules"
+INGEST_QUERY = "ingest"
+EVALUATE_QUERY = "evaluate"
+LOGINS_INGEST_QUERY = "ingest_logins"
+LOGINS_QUERY = "detect_logins"
+TRANSACTION_QUERIES = (RULES_QUERY, INGEST_QUERY, EVALUATE_QUERY)
+QUERIES = (*TRANSACTION_QUERIES, LOGINS_INGEST_QUERY, LOGINS_QUERY)
 
 
 @dataclass(frozen=True)
@@ -75,3 +101,56 @@ class JobConfig:
 
     def with_(self, **changes: object) -> JobConfig:
         return replace(self, **changes)
+
+
+# Settings that only mean something when the source is Kafka (as the CLI and the notebooks have always used them).
+_KAFKA_ONLY = ("kafka_", "max_offsets_per_trigger")
+_TRUE = ("1", "true", "yes", "y", "on")
+
+
+def config_from(params: Mapping[str, object], **overrides: object) -> JobConfig:
+    """A JobConfig from CLI arguments (`vars(args)`) or notebook/job parameters, keyed by field name.
+
+    Absent, None and empty values keep the defaults; text is converted to the field's type (booleans from
+    "true"/"1"/"yes"/"on", `kafka_options` from KEY=VALUE strings). The source is Kafka when a bootstrap is
+    given and `source` does not say otherwise; Kafka settings are ignored for a file source. Keys that are
+    not JobConfig fields are ignored; `overrides` win over `params`.
+    """
+    given = {k: v for k, v in {**params, **overrides}.items() if v is not None and v != ""}
+    source = str(given.get("source") or ("kafka" if given.get("kafka_bootstrap") else "files"))
+    types = typing.get_type_hints(JobConfig)
+    values: dict[str, object] = {}
+    for f in fields(JobConfig):
+        if f.name not in given or (source != "kafka" and f.name.startswith(_KAFKA_ONLY)):
+            continue
+        values[f.name] = _convert(given[f.name], types[f.name])
+    return JobConfig(**{**values, "source": source})
+
+
+def _convert(value: object, kind: object) -> object:
+    """A parameter value as a JobConfig field type (`int | None` fields as int, and so on)."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    target = typing.get_origin(kind) or kind
+    if args and target is not dict:  # `X | None`
+        target = args[0]
+    if target is bool:
+        return flag(value)
+    if target is dict:
+        return dict(value) if isinstance(value, Mapping) else parse_options(value)  # type: ignore[arg-type]
+    return target(value)  # type: ignore[operator]
+
+
+def flag(value: object) -> bool:
+    """A parameter's text as a boolean ("true", "1", "yes", "y", "on" are true)."""
+    return value if isinstance(value, bool) else str(value or "").strip().lower() in _TRUE
+
+
+def parse_options(pairs: Iterable[str] | str | None) -> dict[str, str]:
+    """`KEY=VALUE` strings (e.g. from `--kafka-option`) as a dict; raises ValueError on a pair without `=`."""
+    options = {}
+    for pair in [pairs] if isinstance(pairs, str) else pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"Kafka option {pair!r} is not KEY=VALUE")
+        options[key.strip()] = value
+    return options

@@ -1,4 +1,8 @@
-"""Reproducible transaction workloads with injected suspicious patterns, and a rate-controlled writer."""
+"""Demo data: reproducible transaction and login workloads with injected suspicious patterns, and
+rate-controlled writers into landing folders or Kafka topics (what `fraudrules run` and `generate` feed).
+
+The engine never imports this module: it reads whatever lands in its sources.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,18 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 
 import numpy as np
 
+from fraudrules.config import JobConfig
+
 _CHUNK = 100_000
+SAMPLE_RULES = "sample_rules.json"  # the reference demo's rules plus the login detector, shipped in the package
+
+
+def sample_rules_path() -> str:
+    return str(resources.files("fraudrules").joinpath(SAMPLE_RULES))
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,30 @@ class RateWriter(PacedWriter):
         _write_file(self.folder, f"rt-{now_ms}-{tick:08d}.json", rows)
 
 
+def kafka_producer(bootstrap: str, **extra: object):
+    """An idempotent confluent-kafka producer (imported here only: the Kafka mode is optional)."""
+    from confluent_kafka import Producer
+
+    config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5}
+    return Producer({**config, **extra})
+
+
+class KafkaRateWriter(PacedWriter):
+    """A paced writer into a topic: one message per event, polled per tick, flushed at the end."""
+
+    def __init__(self, bootstrap: str, topic: str, events: Iterator[dict], rate: float, **kwargs):
+        super().__init__(events, rate, name=f"kafka-writer-{topic}", **kwargs)
+        self.topic, self._producer = topic, kafka_producer(bootstrap)
+
+    def emit(self, rows: list[dict], now_ms: int, tick: int) -> None:
+        for event in rows:
+            self._producer.produce(self.topic, value=json.dumps(event).encode())
+        self._producer.poll(0)
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
 @dataclass(frozen=True)
 class LoginWorkload:
     """Login events: users mostly log in from their home IP; every `attack_every` events an attacker
@@ -183,3 +219,21 @@ class LoginWorkload:
 
 def _login(user: int, kind: str, ip: str, t: int) -> dict:
     return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}
+
+
+def demo_writers(cfg: JobConfig, rate: float) -> list[PacedWriter]:
+    """`fraudrules run`'s embedded generator: `rate` transactions and a tenth as many logins a second, stamped
+    with the wall clock, into the landing folders, or into the topics for a Kafka source (not started)."""
+    first_id = int(time.time() * 1000) * 1000  # fresh ids on every start
+    transactions = Workload(count=10**12, seed=first_id % 2**32, first_id=first_id, burst_every=500)
+    logins = LoginWorkload(count=10**12, seed=first_id % 2**31, attack_every=200)
+    streams = [
+        (cfg.landing, cfg.kafka_transactions_topic, transactions.transactions(), rate, "eventTime"),
+        (cfg.logins_landing, cfg.kafka_logins_topic, logins.events(), max(1.0, rate / 10), "eventTimestamp"),
+    ]
+    if cfg.source == "kafka":
+        return [
+            KafkaRateWriter(str(cfg.kafka_bootstrap), topic, events, r, realtime=True, time_field=field)
+            for _folder, topic, events, r, field in streams
+        ]
+    return [RateWriter(folder, events, r, realtime=True, time_field=field) for folder, _t, events, r, field in streams]

@@ -1,16 +1,21 @@
-"""Spark session: local Spark + Delta + RocksDB state store here, the cluster's session on Databricks."""
+"""Spark session: local Spark + Delta + RocksDB state store here, the cluster's session on Databricks.
+
+Locally the Delta and Kafka-connector jars come from the folder named by `FRAUDRULES_JARS` (the Makefile
+sets it to the repository's `.jars/spark`, which `make setup` fills with Maven), else from `.jars/spark`
+under the current directory.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
 import sys
-from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-_REPO_JARS = Path(__file__).resolve().parents[2] / ".jars" / "spark"
+DEFAULT_JARS = os.path.join(".jars", "spark")
 
 
 def on_databricks() -> bool:
@@ -18,11 +23,11 @@ def on_databricks() -> bool:
 
 
 def local_jars() -> list[str]:
-    """Delta and Kafka-connector jars resolved by `make setup` (FRAUDRULES_JARS overrides the folder)."""
-    folder = os.environ.get("FRAUDRULES_JARS") or str(_REPO_JARS)
+    """The jars of `FRAUDRULES_JARS`, else of ./.jars/spark; raises when there are none."""
+    folder = os.path.abspath(os.environ.get("FRAUDRULES_JARS") or DEFAULT_JARS)
     jars = sorted(glob.glob(os.path.join(folder, "*.jar")))
     if not jars:
-        raise RuntimeError(f"no jars in {folder}: run `make setup` first")
+        raise RuntimeError(f"no jars in {folder}: run `make setup` first, or point FRAUDRULES_JARS at them")
     return jars
 
 
@@ -54,3 +59,35 @@ def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSess
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     return spark
+
+
+def dbutils() -> Any:
+    """Databricks' dbutils: the notebook's own when there is one, else one for the cluster's session."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None and "dbutils" in shell.user_ns:
+            return shell.user_ns["dbutils"]
+    except ImportError:
+        pass
+    from pyspark.dbutils import DBUtils  # type: ignore[import-not-found]  # Databricks runtime only
+
+    return DBUtils(SparkSession.builder.getOrCreate())
+
+
+def kafka_secret_options(secret_scope: str | None) -> dict[str, str]:
+    """SASL_SSL client options from a Databricks secret scope (keys `kafka-username`, `kafka-password`).
+
+    Without a scope, or off Databricks (the local PLAINTEXT broker), there are none.
+    """
+    if not secret_scope or not on_databricks():
+        return {}
+    secrets = dbutils().secrets
+    user, password = secrets.get(secret_scope, "kafka-username"), secrets.get(secret_scope, "kafka-password")
+    login = "kafkashaded.org.apache.kafka.common.security.plain.PlainLoginModule"  # Databricks shades the client
+    return {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": f'{login} required username="{user}" password="{password}";',
+    }

@@ -11,7 +11,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules.config import JobConfig
+from fraudrules.config import JOB_TABLES, RESULTS_TABLE, JobConfig
 
 FILTER_TYPE = "array<struct<field:string,op:string,numeric:boolean,values:array<string>>>"
 SCHEMAS: dict[str, str] = {
@@ -59,18 +59,26 @@ SCHEMAS: dict[str, str] = {
         "query string, batchId long, committedAt timestamp, inputRows long, alerts long, lateEvents long, "
         "watermarkMs long, latencyP50Ms double, latencyP99Ms double, latencyMaxMs double"
     ),
+    RESULTS_TABLE: (  # written by the data-quality run, one row per expectation outcome
+        "runId string, runAt timestamp, suite string, tableName string, expectation string, columns string, "
+        "success boolean, elementCount long, unexpectedCount long, unexpectedPercent double, observed string, "
+        "sample string, invariant string, dataDocs string"
+    ),
 }
 
 
-def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> None:
-    """Create the named tables (all by default) if they do not exist yet."""
-    missing = [n for n in names or tuple(SCHEMAS) if not _exists(cfg, n)]
+def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
+    """Create the named tables (by default the job's) that do not exist yet; returns their names."""
+    missing = [n for n in names or JOB_TABLES if not exists(spark, cfg, n)]
     with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
         list(pool.map(lambda name: _create(spark, cfg, name), missing))
+    return missing
 
 
-def _exists(cfg: JobConfig, name: str) -> bool:
-    return not cfg.uses_catalog and os.path.isdir(os.path.join(cfg.table(name), "_delta_log"))
+def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
+    if cfg.uses_catalog:
+        return bool(spark.catalog.tableExists(cfg.table(name)))
+    return os.path.isdir(os.path.join(cfg.table(name), "_delta_log"))
 
 
 def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:

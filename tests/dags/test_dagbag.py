@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.airflow_support import DAGS, needs_airflow, run_airflow
+from tests.support.airflow_support import DAGS, needs_airflow, run_airflow
 
 pytestmark = [needs_airflow]
 

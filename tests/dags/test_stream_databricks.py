@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from tests.airflow_support import AIRFLOW_PYTHON, DAGS, last_json, needs_airflow
+from tests.support.airflow_support import AIRFLOW_PYTHON, DAGS, last_json, needs_airflow
 
 pytestmark = [needs_airflow]
 

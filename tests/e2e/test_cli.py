@@ -11,9 +11,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from fraudrules.rules import load_rules_file
 
-from tests import reference
+from fraudrules.rules.model import load_rules_file
+from tests.support import reference
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CLI = [sys.executable, "-m", "fraudrules.cli"]

@@ -4,7 +4,8 @@ and its alerts (transactions and logins) must equal a backtest of the same input
 from __future__ import annotations
 
 import pytest
-from fraudrules.crash_demo import Demo, Report
+
+from tools.crash_demo import Demo, Report
 
 pytestmark = pytest.mark.e2e
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from fraudrules.generator import Workload, write_jsonl
-from fraudrules.monitor import read_newest
 
-from tests.airflow_support import JOB_PYTHON, REPO, dag_test, last_json, needs_airflow
+from fraudrules.ops.delta_log import read_newest
+from tests.support.airflow_support import JOB_PYTHON, REPO, dag_test, last_json, needs_airflow
+from tests.support.real_tables import job_env
 
 pytestmark = [
     pytest.mark.e2e,
@@ -23,59 +20,6 @@ pytestmark = [
     needs_airflow,
     pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM"),
 ]
-
-RULES = REPO / "tests" / "fixtures" / "rules.json"
-FIELDS = ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType")
-
-
-def _bad_records() -> list[str]:
-    """One record per quarantine reason of ingest.parse()."""
-    ok = {
-        "transactionId": 9_000_001,
-        "eventTime": 1_700_000_000_000,
-        "payeeId": 1,
-        "beneficiaryId": 2,
-        "paymentAmount": "1.00",
-        "paymentType": "CSH",
-    }
-    records = ["not json"]
-    records += [json.dumps({k: v for k, v in ok.items() if k != name}) for name in FIELDS]
-    records += [json.dumps(ok | {name: "abc"}) for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId")]
-    records += [
-        json.dumps(ok | {"paymentAmount": "abc"}),
-        json.dumps(ok | {"paymentAmount": "1.001"}),
-        json.dumps(ok | {"paymentAmount": "10000000000000000000"}),
-        json.dumps(ok | {"paymentType": "XXX"}),
-        json.dumps(ok | {"eventTime": -5}),
-        json.dumps(ok | {"ingestionTimestamp": "soon"}),
-    ]
-    return records
-
-
-def _job_env() -> dict:
-    return dict(os.environ, PYSPARK_PYTHON=str(JOB_PYTHON), PYSPARK_DRIVER_PYTHON=str(JOB_PYTHON))
-
-
-@pytest.fixture(scope="module")
-def backtest_data(tmp_path_factory) -> Path:
-    """A real backtest: 3,000 transactions over ~20 minutes of event time (so the 1- and 5-minute windows
-    retire events and the watermark matters) in one micro-batch, then a second one of records that each hit
-    one quarantine reason, which runs with the watermark the first one set."""
-    root = tmp_path_factory.mktemp("dq")
-    landing = root / "landing"
-    write_jsonl(str(landing), Workload(count=3000, events_per_second=2.5).transactions(), per_file=3000)
-    bad = landing / "zz-bad.json"
-    bad.write_text("\n".join(_bad_records()) + "\n")
-    later = time.time() + 2
-    os.utime(bad, (later, later))  # taken last: its batch runs with the watermark of all the others
-    cmd = [str(JOB_PYTHON), "-m", "fraudrules.cli", "backtest", "--transactions", str(landing)]
-    cmd += ["--rules", str(RULES), "--out", str(root / "alerts.jsonl"), "--data-dir", str(root / "data")]
-    cmd += ["--max-files-per-trigger", "1"]
-    proc = subprocess.run(cmd, env=_job_env(), capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert re.search(r"transactions: 3000 valid\b.*\b17 quarantined", proc.stdout), proc.stdout
-    return root / "data"
-
 
 def _quality_reports(data_dir: Path) -> list[dict]:
     reports = sorted((data_dir / "dq" / "reports").glob("dq-*.json"), key=os.path.getmtime)
@@ -114,8 +58,8 @@ def test_quality_dag_passes_on_real_tables(backtest_data):
 
 def test_quality_dag_fails_naming_each_broken_invariant(backtest_data, tmp_path):
     corrupted = tmp_path / "corrupted"
-    done = last_json([str(JOB_PYTHON), "-m", "tests.e2e.dq_corrupt", str(backtest_data), str(corrupted)],
-                     cwd=str(REPO), env=_job_env())  # fmt: skip
+    done = last_json([str(JOB_PYTHON), "-m", "tests.support.dq_corrupt", str(backtest_data), str(corrupted)],
+                     cwd=str(REPO), env=job_env())  # fmt: skip
 
     out, log = dag_test("fraud_data_quality", {"data_dir": str(corrupted)})
     assert out["state"] == "failed"

@@ -10,7 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fraudrules.kafka_local import DEFAULT_JARS, DEFAULT_POM, LocalKafka, resolve_jars
+
+from tools.kafka_local import DEFAULT_JARS, DEFAULT_POM, LocalKafka, resolve_jars
 
 pytestmark = [
     pytest.mark.kafka,

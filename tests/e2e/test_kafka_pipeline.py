@@ -16,13 +16,15 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from fraudrules import job, kafka_io, rulebook, tables
-from fraudrules.config import JobConfig
-from fraudrules.generator import Workload
-from fraudrules.kafka_local import DEFAULT_JARS, DEFAULT_POM, LocalKafka, resolve_jars
-from fraudrules.rules import parse_rule
 
-from tests import reference
+from fraudrules import tables
+from fraudrules.config import JobConfig
+from fraudrules.engine import job
+from fraudrules.generator import Workload
+from fraudrules.rules import store
+from fraudrules.rules.model import parse_rule
+from tests.support import reference
+from tools.kafka_local import DEFAULT_JARS, DEFAULT_POM, LocalKafka, consume_all, create_topics, produce, resolve_jars
 
 pytestmark = [
     pytest.mark.e2e,
@@ -68,7 +70,7 @@ def kafka(tmp_path_factory):
 def _topics(kafka, *names: str, partitions: int = 1) -> list[str]:
     suffix = uuid.uuid4().hex[:6]
     topics = [f"{n}-{suffix}" for n in names]
-    kafka_io.create_topics(kafka.bootstrap, topics, partitions=partitions)
+    create_topics(kafka.bootstrap, topics, partitions=partitions)
     return topics
 
 
@@ -91,10 +93,10 @@ def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
     tables.ensure(spark, cfg)
     running = job.start(spark, cfg, printer=None)
     try:
-        kafka_io.produce(kafka.bootstrap, rules_topic, [RULES, "{oops"])  # a change set, then a broken message
+        produce(kafka.bootstrap, rules_topic, [RULES, "{oops"])  # a change set, then a broken message
         running.rules.processAllAvailable()
-        assert sorted(rulebook.current(spark, cfg)) == [1, 2, 3]
-        kafka_io.produce(kafka.bootstrap, tx_topic, records)
+        assert sorted(store.current(spark, cfg)) == [1, 2, 3]
+        produce(kafka.bootstrap, tx_topic, records)
         running.process_all_available()
         progress = [p for p in running.evaluate.recentProgress if p.numInputRows]
     finally:
@@ -107,7 +109,7 @@ def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
     assert set(delta) == set(expected)
     for k, agg in expected.items():
         assert abs(Fraction(delta[k].aggregate) - agg) <= Fraction(1, 10**18), k
-    messages = kafka_io.consume_all(kafka.bootstrap, alerts_topic)
+    messages = consume_all(kafka.bootstrap, alerts_topic)
     published = {m.key().decode(): json.loads(m.value(), parse_float=Decimal) for m in messages}  # exact numbers
     assert len(messages) == len(published)  # no crash here, so no re-publication either
     assert set(published) == {f"{rid}:{tid}" for rid, tid in expected}
@@ -145,13 +147,13 @@ def test_a_10x_burst_is_absorbed_in_bounded_batches(spark, kafka, tmp_path):
                     kafka_transactions_topic=tx_topic, max_offsets_per_trigger=cap)  # fmt: skip
     txs = [json.dumps(t) for t in Workload(count=11 * steady, payees=50, beneficiaries=20, seed=9).transactions()]
     tables.ensure(spark, cfg)
-    rulebook.upsert(spark, cfg, [parse_rule(RULES[1])], author="test")
+    store.upsert(spark, cfg, [parse_rule(RULES[1])], author="test")
     running = job.start(spark, cfg, printer=None)
     try:
-        kafka_io.produce(kafka.bootstrap, tx_topic, txs[:steady])
+        produce(kafka.bootstrap, tx_topic, txs[:steady])
         running.process_all_available()
         seen = {q.name: len(q.recentProgress) for q in running.queries}
-        kafka_io.produce(kafka.bootstrap, tx_topic, txs[steady:])  # a burst of 10× at once
+        produce(kafka.bootstrap, tx_topic, txs[steady:])  # a burst of 10× at once
         running.process_all_available()
         burst = {
             q.name: [p.numInputRows for p in q.recentProgress[seen[q.name] :] if p.numInputRows]

@@ -2,7 +2,7 @@
 killed; the DAG run sees it dead with a stale heartbeat, starts it again without waiting for it, succeeds.
 
 (Hung-job detection - alive but not committing while input waits - and the latency/lag flags are covered
-without Spark in tests/unit/test_monitor.py.)"""
+without Spark in tests/unit/test_health.py.)"""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from fraudrules import monitor
-from fraudrules.generator import Workload, write_jsonl
 
-from tests.airflow_support import dag_test, needs_airflow
+from fraudrules.config import JobConfig
+from fraudrules.generator import Workload, write_jsonl
+from fraudrules.ops import health
+from tests.support.airflow_support import dag_test, needs_airflow
+from tools import supervisor
 
 pytestmark = [
     pytest.mark.e2e,
@@ -35,11 +37,11 @@ def _land(data_dir: Path, n: int = 200) -> None:
     """Drop a file of fresh transactions into the job's landing folder (the job runs without its generator)."""
     now = int(time.time() * 1000)
     workload = Workload(count=n, start_ms=now, first_id=now * 1000, burst_every=0)
-    write_jsonl(str(monitor.landing_dir(str(data_dir))), workload.transactions(), per_file=n, prefix=f"t{now}")
+    write_jsonl(JobConfig(data_dir=str(data_dir)).landing, workload.transactions(), per_file=n, prefix=f"t{now}")
 
 
 def _pids(data_dir: Path) -> list[int]:
-    path = monitor.run_dir(str(data_dir)) / monitor.RESTARTS_FILE
+    path = health.run_dir(str(data_dir)) / health.RESTARTS_FILE
     return [json.loads(line)["pid"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -57,30 +59,30 @@ def job_dir(tmp_path):
     """A data dir whose job processes (every one started during the test) are all gone afterwards."""
     data_dir = tmp_path / "data"
     yield data_dir
-    monitor.stop(str(data_dir), timeout_s=10)
+    supervisor.stop(str(data_dir), timeout_s=10)
     for pid in _pids(data_dir):  # each leads its own process group (its JVM included)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 
 
 def test_stream_dag_restarts_a_killed_job(job_dir):
-    first = monitor.start(str(job_dir), rate=0, extra_args=JOB_ARGS)
+    first = supervisor.start(str(job_dir), rate=0, extra_args=JOB_ARGS)
     assert first["started"]
     _land(job_dir)
 
     def committed() -> bool:
-        if not monitor.process(str(job_dir))["alive"]:
-            log = (monitor.run_dir(str(job_dir)) / monitor.LOG_FILE).read_text(errors="replace")
+        if not health.process(str(job_dir))["alive"]:
+            log = (health.run_dir(str(job_dir)) / health.LOG_FILE).read_text(errors="replace")
             raise AssertionError(f"the job died:\n{log[-4000:]}")
-        return monitor.heartbeat(str(job_dir))["last_batch_id"] is not None
+        return health.heartbeat(str(job_dir))["last_batch_id"] is not None
 
     _wait(committed, 300, "the job's first batch")
-    healthy = monitor.status(str(job_dir))
+    healthy = health.status(str(job_dir))
     assert healthy["action"] == "none" and healthy["flags"]["running"], healthy
 
     os.killpg(first["pid"], signal.SIGKILL)  # the job and its JVM
-    _wait(lambda: not monitor._alive(first["pid"]), 30, "the killed job to disappear")
-    _wait(lambda: monitor.heartbeat(str(job_dir))["age_s"] > STALE_AFTER_S, 30, "the heartbeat to go stale")
+    _wait(lambda: not health.alive(first["pid"]), 30, "the killed job to disappear")
+    _wait(lambda: health.heartbeat(str(job_dir))["age_s"] > STALE_AFTER_S, 30, "the heartbeat to go stale")
 
     conf = {
         "target": "local",
@@ -93,22 +95,22 @@ def test_stream_dag_restarts_a_killed_job(job_dir):
     out, log = dag_test("fraud_stream", conf)
     assert out["state"] == "success", log[-6000:]
     assert out["tasks"] == {"probe": "success", "heal": "success", "assess": "success"}
-    health = out["xcom"]["probe.return_value"]
-    assert health["flags"]["dead"] and health["flags"]["stale_heartbeat"] and not health["flags"]["running"]
-    assert health["action"] == "start" and health["reason"] == f"process {first['pid']} is not running"
-    assert any(p.startswith("stale heartbeat") for p in health["problems"]), health["problems"]
+    probed = out["xcom"]["probe.return_value"]
+    assert probed["flags"]["dead"] and probed["flags"]["stale_heartbeat"] and not probed["flags"]["running"]
+    assert probed["action"] == "start" and probed["reason"] == f"process {first['pid']} is not running"
+    assert any(p.startswith("stale heartbeat") for p in probed["problems"]), probed["problems"]
     done = out["xcom"]["heal.return_value"]
     assert done["action"] == "start" and done["started"]
-    assert done["pid"] != first["pid"] and monitor._alive(done["pid"])
-    assert monitor.process(str(job_dir))["pid"] == done["pid"]
+    assert done["pid"] != first["pid"] and health.alive(done["pid"])
+    assert health.process(str(job_dir))["pid"] == done["pid"]
     assert out["xcom"]["assess.return_value"] == {
         "healthy": False,
         "action": "start",
-        "reason": health["reason"],
+        "reason": probed["reason"],
     }
     assert time.time() - started < 180, "the DAG waited for the continuous job"
-    restarts = [json.loads(line) for line in (monitor.run_dir(str(job_dir)) / monitor.RESTARTS_FILE).open()]
-    assert [r["reason"] for r in restarts] == ["start", health["reason"]]
+    restarts = [json.loads(line) for line in (health.run_dir(str(job_dir)) / health.RESTARTS_FILE).open()]
+    assert [r["reason"] for r in restarts] == ["start", probed["reason"]]
 
-    stopped = monitor.stop(str(job_dir), timeout_s=30)
-    assert stopped["stopped"] and not monitor._alive(done["pid"])
+    stopped = supervisor.stop(str(job_dir), timeout_s=30)
+    assert stopped["stopped"] and not health.alive(done["pid"])

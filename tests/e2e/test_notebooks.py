@@ -17,8 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fraudrules import notebooks_runner
+
 from fraudrules.session import local_jars
+from tools import notebooks_runner
 
 pytestmark = [
     pytest.mark.e2e,
@@ -166,7 +167,7 @@ def test_notebooks_found():
 
 def test_params_and_config(monkeypatch):
     """Defaults, overridden by FRAUDRULES_<KEY> off Databricks; widget text turned into a JobConfig."""
-    from fraudrules import notebook
+    from fraudrules.analyst import notebook
 
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
     monkeypatch.setenv("FRAUDRULES_SHARDS", "4")

@@ -6,11 +6,11 @@ import json
 import random
 
 import pytest
-from fraudrules import state
-from fraudrules.rules import parse_rule
 
-from tests import reference_logins
-from tests.integration.streams import FileStream
+from fraudrules.ops import state_reader
+from fraudrules.rules.model import parse_rule
+from tests.support import reference_logins
+from tests.support.streams import FileStream
 
 pytestmark = pytest.mark.spark
 W = 10 * 60_000
@@ -36,11 +36,11 @@ def test_seed_scenarios_late_events_and_cleanup(spark, tmp_path):
                 '{"userId": 3, "eventType": "MAYBE", "ipAddress": "x", "eventTimestamp": 1}',
             ]
         )
-        assert set(state.login_sequences(spark, stream.cfg)["userId"]) == {2}
+        assert set(state_reader.login_sequences(spark, stream.cfg)["userId"]) == {2}
         stream.feed_logins([ev(9, "SUCCESS", "4.4.4.4", 6_000 + W + 10_000)])  # watermark passes user 2's expiry
         stream.feed_logins([ev(1, "FAIL", "5.5.5.5", 500), ev(9, "SUCCESS", "4.4.4.4", 6_000 + W + 10_001)])
         stream.feed_logins([ev(9, "SUCCESS", "4.4.4.4", 6_000 + W + 10_002)])  # idle shards' timers fire
-        sequences = state.login_sequences(spark, stream.cfg)
+        sequences = state_reader.login_sequences(spark, stream.cfg)
     finally:
         stream.stop()
     alerts = stream.alert_rows()

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from fraudrules import rulebook
 
-from tests.integration.streams import FileStream
+from fraudrules.rules import store
+from tests.support.streams import FileStream
 
 pytestmark = pytest.mark.spark
 
@@ -50,7 +50,7 @@ def test_add_pause_activate_change_delete_mid_stream(spark, tmp_path):
     finally:
         stream.stop()
     assert alerted(stream) == {(1, 3, 1), (1, 6, 3), (1, 7, 4)}
-    assert [h["change"] for h in rulebook.history(spark, stream.cfg, 1)] == [
+    assert [h["change"] for h in store.history(spark, stream.cfg, 1)] == [
         "create", "state", "state", "update", "state"]  # fmt: skip
     assert {(1, 1), (1, 3), (1, 4)} <= applied
     delays = [r.delayMs for r in stream.table("rule_applied").collect()]
@@ -72,7 +72,7 @@ def test_rules_survive_restart_and_control_commands_work_on_a_running_job(spark,
         again.change_rules({"ruleId": 0, "ruleState": "CONTROL", "controlType": "EXPORT_RULES_CURRENT"})
         again.change_rules({"ruleId": 0, "ruleState": "CONTROL", "controlType": "DELETE_RULES_ALL"})
         again.feed([txn(5)])
-        states = {rid: row["ruleState"] for rid, row in rulebook.current(spark, again.cfg).items()}
+        states = {rid: row["ruleState"] for rid, row in store.current(spark, again.cfg).items()}
         exported = again.table("rules_export").collect()
     finally:
         again.stop()
@@ -100,7 +100,7 @@ def test_invalid_rules_in_the_stream_go_to_rule_errors_and_valid_ones_apply(spar
         errors = {r.ruleId: r.reason for r in stream.table("rule_errors").collect()}
     finally:
         stream.stop()
-    assert set(rulebook.current(spark, stream.cfg)) == {1}
+    assert set(store.current(spark, stream.cfg)) == {1}
     assert "windowMinutes must be > 0" in errors["2"]
     assert "non-numeric" in errors["3"]
     assert "filter on unknown field 'colour'" in errors["4"]

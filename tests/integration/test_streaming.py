@@ -6,12 +6,13 @@ import random
 from fractions import Fraction
 
 import pytest
-from fraudrules import rulebook, state
-from fraudrules.generator import Workload
 
-from tests import reference
-from tests.harness import rule
-from tests.integration.streams import FileStream
+from fraudrules.generator import Workload
+from fraudrules.ops import state_reader
+from fraudrules.rules import store
+from tests.support import reference
+from tests.support.harness import rule
+from tests.support.streams import FileStream
 
 pytestmark = pytest.mark.spark
 MIN = 60_000
@@ -102,9 +103,9 @@ def test_rule_changes_apply_at_the_next_batch_without_restart(spark, tmp_path):
     stream = FileStream(spark, str(tmp_path), [count]).start()
     try:
         stream.feed([txn(1, 1000), txn(2, 2000)])
-        rulebook.upsert(spark, stream.cfg, [rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit="4", window=10)])
+        store.upsert(spark, stream.cfg, [rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit="4", window=10)])
         stream.feed([txn(3, 3000)])
-        rulebook.upsert(
+        store.upsert(
             spark, stream.cfg, [rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit="4", window=10, state="PAUSE")]
         )
         stream.feed([txn(4, 4000)])
@@ -163,7 +164,7 @@ def test_late_events_go_to_the_late_table_and_idle_keys_leave_no_state(spark, tm
     stream = FileStream(spark, str(tmp_path), [r], lateness_ms=5_000, shards=8).start()
     try:
         stream.feed([txn(i, 1_000 * i, p, amount="1.00") for i, p in enumerate(range(1, 30), start=1)])  # 29 keys
-        assert set(state.keys(spark, stream.cfg)["key"]) == {f'{{"payeeId":"{p}"}}' for p in range(1, 30)}
+        assert set(state_reader.keys(spark, stream.cfg)["key"]) == {f'{{"payeeId":"{p}"}}' for p in range(1, 30)}
         far = 30 * 1_000 + MIN + 10_000
         stream.feed([txn(100, far, 99)])  # watermark moves past every key's newest event + window
         stream.feed([txn(101, far + 1, 99), txn(102, 500, 1)])  # 102 is late
@@ -173,7 +174,7 @@ def test_late_events_go_to_the_late_table_and_idle_keys_leave_no_state(spark, tm
     late = stream.table("late_events").collect()
     assert [(x.transactionId, x.watermarkMs) for x in late] == [(102, far - 5_000)]
     assert "watermark" in late[0].reason
-    assert set(state.keys(spark, stream.cfg)["key"]) == {'{"payeeId":"99"}'}
+    assert set(state_reader.keys(spark, stream.cfg)["key"]) == {'{"payeeId":"99"}'}
 
 
 def test_same_input_cut_differently_gives_same_alerts(spark, tmp_path):

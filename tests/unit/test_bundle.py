@@ -105,6 +105,10 @@ def problems(bundle: dict[str, Any]) -> list[str]:
         for var in (target or {}).get("variables") or {}:
             if var not in declared:
                 out.append(f"target {name} sets undeclared variable {var}")
+    for name, target in targets.items():
+        host = ((target or {}).get("workspace") or {}).get("host") or ""
+        if not host.startswith("https://") or VAR_REF.search(host):
+            out.append(f"target {name} needs its own workspace.host (an https URL; variables are not resolved there)")
     dev, prod = targets.get("dev") or {}, targets.get("prod") or {}
     if dev.get("mode") != "development" or dev.get("default") is not True:
         out.append("target dev must be the default, in development mode")
@@ -136,7 +140,7 @@ def problems(bundle: dict[str, Any]) -> list[str]:
     if not jobs:
         out.append("no jobs")
     for key, job in jobs.items():
-        out += [f"job {key}: {p}" for p in job_problems(job, wheels)]
+        out += [f"job {key}: {p}" for p in job_problems(job, wheels, bundle.get("variables") or {})]
     if not any(job.get("continuous") for job in jobs.values()):
         out.append("no continuous job")
     if not any(job.get("schedule") or job.get("trigger") for job in jobs.values()):
@@ -144,7 +148,7 @@ def problems(bundle: dict[str, Any]) -> list[str]:
     return out
 
 
-def job_problems(job: dict[str, Any], wheels: dict[str, Path]) -> list[str]:
+def job_problems(job: dict[str, Any], wheels: dict[str, Path], variables: dict[str, Any]) -> list[str]:
     out: list[str] = []
     here: Path = job["_dir"]
     if not job.get("name"):
@@ -202,6 +206,8 @@ def job_problems(job: dict[str, Any], wheels: dict[str, Path]) -> list[str]:
                 out.append(f"task {tk}: package {wt.get('package_name')!r} is not built by the bundle ({names})")
             if wt.get("entry_point") not in scripts:
                 out.append(f"task {tk}: entry point {wt.get('entry_point')!r} is not in [project.scripts]")
+            elif wt.get("entry_point") == "fraudrules":
+                out += [f"task {tk}: {p}" for p in cli_problems(wt.get("parameters") or [], variables)]
         for lib in task.get("libraries") or []:
             if "whl" in lib:
                 pattern = (here / lib["whl"]).resolve()
@@ -226,6 +232,23 @@ def job_problems(job: dict[str, Any], wheels: dict[str, Path]) -> list[str]:
     return out
 
 
+def with_defaults(text: str, variables: dict[str, Any]) -> str:
+    """`text` with each ${var.X} replaced by X's default."""
+    return VAR_REF.sub(lambda m: str((variables.get(m.group(1)) or {}).get("default", "")), text)
+
+
+def cli_problems(parameters: list[str], variables: dict[str, Any]) -> list[str]:
+    """What `fraudrules <parameters>` would reject, the variables at their defaults."""
+    from fraudrules.cli import parser
+
+    args = [with_defaults(a, variables) for a in parameters]
+    try:
+        parser().parse_args(args)
+    except SystemExit:
+        return [f"`fraudrules {' '.join(args)}` is not a valid command line"]
+    return []
+
+
 # ------------------------------------------------------------------ tests
 
 
@@ -238,21 +261,44 @@ def test_bundle_has_no_problems(bundle):
     assert problems(bundle) == []
 
 
+def _options(task: dict[str, Any]) -> dict[str, str]:
+    """A wheel task's `--option value` pairs."""
+    params = task["python_wheel_task"]["parameters"]
+    return {a: b for a, b in zip(params, [*params[1:], ""], strict=True) if a.startswith("--")}
+
+
 def test_expected_resources(bundle):
+    """Production runs the wheel: the streaming job is `fraudrules run` without the demo generator, on the
+    bundle's tables, checkpoints and Kafka settings; the data-quality job checks the state those checkpoints hold."""
     jobs = bundle["_jobs"]
     streaming = jobs["fraudrules_streaming"]
     assert streaming["continuous"] == {"pause_status": "UNPAUSED"}
-    notebooks = sorted(Path(t["notebook_task"]["notebook_path"]).name for t in streaming["tasks"])
-    assert notebooks == ["01_ingest.ipynb", "03_windowed_evaluation.ipynb"]
-    for task in streaming["tasks"]:
-        params = task["notebook_task"]["base_parameters"]
-        assert params["available_now"] == "false" and params["generate"] == "false"
-        assert {"catalog", "schema", "checkpoint_root", "kafka_bootstrap", "kafka_secret_scope"} <= set(params)
+    (task,) = streaming["tasks"]
+    assert task["python_wheel_task"]["package_name"] == "fraudrules"
+    assert task["python_wheel_task"]["parameters"][:2] == ["run", "--no-generator"]
+    assert not any("notebook_task" in t for job in jobs.values() for t in job["tasks"]), "production runs notebooks"
+    options = _options(task)
+    for option, var in [
+        ("--catalog", "catalog"),
+        ("--schema", "schema"),
+        ("--data-dir", "data_dir"),
+        ("--checkpoint-root", "checkpoint_root"),
+        ("--kafka-bootstrap", "kafka_bootstrap"),
+        ("--kafka-secret-scope", "kafka_secret_scope"),
+        ("--shards", "shards"),
+    ]:
+        assert options[option] == f"${{var.{var}}}", option
     quality = jobs["fraudrules_data_quality"]
     assert quality["schedule"]["pause_status"] == "UNPAUSED"
     (task,) = quality["tasks"]
     assert task["python_wheel_task"]["package_name"] == "fraudrules"
+    assert task["python_wheel_task"]["parameters"][0] == "quality"
+    quality_options = _options(task)
+    for option in ("--catalog", "--schema", "--data-dir", "--checkpoint-root", "--shards"):
+        assert quality_options[option] == options[option], option  # the tables and state the job writes
     assert set(bundle["variables"]) >= {"catalog", "schema", "checkpoint_root", "kafka_bootstrap", "kafka_secret_scope"}
+    hosts = {name: t["workspace"]["host"] for name, t in bundle["targets"].items()}
+    assert set(hosts) == {"dev", "prod"} and len(set(hosts.values())) == 2
 
 
 def _broken(bundle: dict[str, Any], edit) -> list[str]:
@@ -265,12 +311,25 @@ def _task(b: dict[str, Any], job: str, index: int = 0) -> dict[str, Any]:
     return b["_jobs"][job]["tasks"][index]
 
 
+def _notebook_task(b: dict[str, Any]) -> dict[str, Any]:
+    """A notebook task (an analyst notebook run as a job) added to the streaming job of a copy of the bundle."""
+    task = {
+        "task_key": "notebook",
+        "job_cluster_key": "streaming",
+        "notebook_task": {"notebook_path": "../notebooks/01_ingest.ipynb", "base_parameters": {"data_dir": "d"}},
+        "libraries": [{"whl": "../dist/*.whl"}],
+    }
+    b["_jobs"]["fraudrules_streaming"]["tasks"].append(task)
+    return task
+
+
 @pytest.mark.parametrize(
     ("what", "edit", "expected"),
     [
+        ("a notebook task is valid", lambda b: _notebook_task(b), None),
         (
             "missing notebook",
-            lambda b: _task(b, "fraudrules_streaming")["notebook_task"].update(notebook_path="../notebooks/nope.ipynb"),
+            lambda b: _notebook_task(b)["notebook_task"].update(notebook_path="../notebooks/nope.ipynb"),
             "does not exist",
         ),
         (
@@ -292,7 +351,7 @@ def _task(b: dict[str, Any], job: str, index: int = 0) -> dict[str, Any]:
         ),
         (
             "dependency in a continuous job",
-            lambda b: _task(b, "fraudrules_streaming", 1).update(depends_on=[{"task_key": "ingest"}]),
+            lambda b: _notebook_task(b).update(depends_on=[{"task_key": "stream"}]),
             "must not depend",
         ),
         (
@@ -318,7 +377,7 @@ def _task(b: dict[str, Any], job: str, index: int = 0) -> dict[str, Any]:
         ),
         (
             "widget the notebook lacks",
-            lambda b: _task(b, "fraudrules_streaming")["notebook_task"]["base_parameters"].update(nope="1"),
+            lambda b: _notebook_task(b)["notebook_task"]["base_parameters"].update(nope="1"),
             "are not widgets",
         ),
         (
@@ -331,6 +390,22 @@ def _task(b: dict[str, Any], job: str, index: int = 0) -> dict[str, Any]:
             lambda b: _task(b, "fraudrules_streaming").pop("libraries"),
             "does not install the wheel",
         ),
+        (
+            "unknown CLI option",
+            lambda b: _task(b, "fraudrules_streaming")["python_wheel_task"]["parameters"].append("--nope"),
+            "is not a valid command line",
+        ),
+        (
+            "quality without a command",
+            lambda b: _task(b, "fraudrules_data_quality")["python_wheel_task"]["parameters"].pop(0),
+            "is not a valid command line",
+        ),
+        ("no workspace host", lambda b: b["targets"]["dev"].pop("workspace"), "target dev needs its own workspace"),
+        (
+            "workspace host from a variable",
+            lambda b: b["targets"]["prod"]["workspace"].update(host="${var.catalog}"),
+            "target prod needs its own workspace.host",
+        ),
         ("no prod run_as", lambda b: b["targets"]["prod"].pop("run_as"), "run_as"),
         ("dev not default", lambda b: b["targets"]["dev"].pop("default"), "target dev"),
         ("no prod target", lambda b: b["targets"].pop("prod"), "production mode"),
@@ -338,7 +413,10 @@ def _task(b: dict[str, Any], job: str, index: int = 0) -> dict[str, Any]:
 )
 def test_each_check_fires(bundle, what, edit, expected):
     found = _broken(bundle, edit)
-    assert any(expected in p for p in found), f"{what}: {found}"
+    if expected is None:  # the edit itself is fine: the checks it enables start from no problem
+        assert found == [], f"{what}: {found}"
+    else:
+        assert any(expected in p for p in found), f"{what}: {found}"
 
 
 def test_jobs_parse_with_the_databricks_bundles_models(bundle):
@@ -354,12 +432,12 @@ def test_jobs_parse_with_the_databricks_bundles_models(bundle):
 
 
 def test_quality_task_runs_a_cli_command(bundle):
-    from fraudrules import quality
+    from fraudrules.cli import parser
 
     (task,) = bundle["_jobs"]["fraudrules_data_quality"]["tasks"]
-    args = [VAR_REF.sub("x", a) for a in task["python_wheel_task"]["parameters"]]
-    assert args[0] == "quality"  # `fraudrules quality ...` hands the rest to fraudrules.quality.main
-    quality.parser().parse_args(args[1:])
+    args = [with_defaults(a, bundle["variables"]) for a in task["python_wheel_task"]["parameters"]]
+    assert args[0] == "quality"  # `fraudrules quality ...`
+    assert parser().parse_args(args).func.__name__ == "cmd_quality"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

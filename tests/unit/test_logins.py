@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
-from fraudrules.logins import LOGIN_COLUMNS, State, step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import reference_logins
+from fraudrules.engine.logins import State, step
+from tests.support import reference_logins
+from tests.support.harness import login_frame
 
 MIN = 60_000
 W = 10 * MIN
@@ -31,25 +31,9 @@ class Detector:
 
     def feed(self, batch):
         wm = 0 if self.max_seen is None else max(0, self.max_seen - self.lateness_ms)
-        rows = [
-            {
-                **e,
-                "shard": 0,
-                "ingestionTimestamp": -1,
-                "srcTime": self.batch_no,
-                "srcId": 0,
-                "srcPos": i,
-                "ruleId": 1,
-                "ruleVersion": 1,
-                "minFailures": self.params[0],
-                "minDistinctIps": self.params[1],
-                "windowMs": self.params[2],
-                "active": f"1:{self.params[2]}",
-            }
-            for i, e in enumerate(batch)
-        ]
+        rows = login_frame(batch, self.batch_no, *self.params)
         self.batch_no += 1
-        out, self.state, _ = step(pd.DataFrame(rows, columns=list(LOGIN_COLUMNS)), self.state, wm, 0, now_ms=0)
+        out, self.state, _ = step(rows, self.state, wm, 0, now_ms=0)
         top = max(e["eventTimestamp"] for e in batch)
         self.max_seen = top if self.max_seen is None else max(self.max_seen, top)
         return out

@@ -1,4 +1,5 @@
-"""fraudrules.quality without Spark: derived columns, and the real suites over small frames."""
+"""Data quality without Spark: the derived invariant columns, the real suites over small frames, and a run
+that cannot find what it checks."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 pytest.importorskip("great_expectations")
 
-from fraudrules import quality
-from fraudrules.evaluation import Meta
+from fraudrules.engine.evaluation import Meta
+from fraudrules.ops import invariants, quality, suites
 
 NOW = datetime.now(timezone.utc).replace(tzinfo=None)
 RULE = {
@@ -98,15 +99,15 @@ def _alerts(aggregates: list[str], **overrides) -> pd.DataFrame:
     ],
 )
 def test_satisfies_rule_is_exact(op, agg, ok):
-    df = quality.derive_alerts(_alerts([agg], limitOperatorType=op), _history(limitOperatorType=op))
+    df = invariants.derive_alerts(_alerts([agg], limitOperatorType=op), _history(limitOperatorType=op))
     assert bool(df["satisfies_rule"].iloc[0]) is ok
     assert df["rule_version_exists"].iloc[0] and df["matches_rule_version"].iloc[0]
 
 
 def test_alert_of_an_unknown_version_or_other_parameters():
-    df = quality.derive_alerts(_alerts(["200", "300"]), _history(limit="150"))
+    df = invariants.derive_alerts(_alerts(["200", "300"]), _history(limit="150"))
     assert not df["matches_rule_version"].any()
-    df = quality.derive_alerts(_alerts(["200"], ruleVersion=2), _history())
+    df = invariants.derive_alerts(_alerts(["200"], ruleVersion=2), _history())
     assert not df["rule_version_exists"].iloc[0] and not df["matches_rule_version"].iloc[0]
 
 
@@ -129,32 +130,34 @@ def test_window_state_retention_and_active_rules():
     meta = pd.DataFrame({"shard": [0], "active": [Meta().active]})
     batch_time = int(NOW.timestamp() * 1000) + 60_000  # the rule changed before this batch
     oldest_ok = wm - window - lateness
-    df = quality.derive_window_state(
+    df = invariants.derive_window_state(
         _state([oldest_ok, oldest_ok - 1, wm]), meta, _rules(), _history(), wm, batch_time, lateness
     )
     assert df["within_retention"].tolist() == [True, False, True]
     assert df["rule_active"].all()
-    other_sig = quality.derive_window_state(_state([wm], sig=7), meta, _rules(), _history(), wm, batch_time, lateness)
+    other_sig = invariants.derive_window_state(
+        _state([wm], sig=7), meta, _rules(), _history(), wm, batch_time, lateness
+    )
     assert not other_sig["rule_active"].iloc[0]
-    paused = quality.derive_window_state(
+    paused = invariants.derive_window_state(
         _state([wm]), meta, _rules(ruleState="PAUSE"), _history(), wm, batch_time, lateness
     )
     assert not paused["rule_active"].iloc[0]
     # A change recorded after the state's batch: cleanup is pending until the next batch.
-    pending = quality.derive_window_state(
+    pending = invariants.derive_window_state(
         _state([0]), meta, _rules(ruleState="PAUSE"), _history(), wm, batch_time - 120_000, lateness
     )
     assert pending["rule_active"].iloc[0] and pending["within_retention"].iloc[0]
 
 
 def test_rules_consistency():
-    good = quality.derive_rules(_rules(), _history())
+    good = invariants.derive_rules(_rules(), _history())
     assert good[["window_consistent", "version_in_history", "json_consistent"]].all().all()
     bad = _rules()
     bad.loc[0, "windowMs"] = 1
     bad.loc[0, "version"] = 3
     bad.loc[0, "limit"] = "101"
-    df = quality.derive_rules(bad, _history())
+    df = invariants.derive_rules(bad, _history())
     assert not df["window_consistent"].iloc[0]
     assert not df["version_in_history"].iloc[0]
     assert not df["json_consistent"].iloc[0]
@@ -162,19 +165,19 @@ def test_rules_consistency():
 
 def test_every_suite_is_valid_gx_json():
     for table in quality.SUITES:
-        path = quality.DEFAULT_EXPECTATIONS / f"{table}.json"
-        data = quality.load_suite_json(path)
-        suite = quality._suite(data, Path(path))
+        path = suites.shipped_suites() / f"{table}.json"
+        data = suites.load_suite_json(path)
+        suite = suites._suite(data, Path(path))
         assert len(suite.expectations) == len(data["expectations"]) > 0
         assert all((e.get("meta") or {}).get("invariant") for e in data["expectations"]), table
 
 
 def test_validate_names_each_failed_expectation(tmp_path):
     history = _history()
-    alerts = quality.derive_alerts(_alerts(["150", "90", "150"]), history)
+    alerts = invariants.derive_alerts(_alerts(["150", "90", "150"]), history)
     alerts.loc[2, "alertId"] = "1:0"  # duplicate id
-    frames = {"alerts": alerts, "rules": quality.derive_rules(_rules(), history)}
-    report = quality.validate(frames, docs_dir=str(tmp_path / "docs"))
+    frames = {"alerts": alerts, "rules": invariants.derive_rules(_rules(), history)}
+    report = suites.validate(frames, docs_dir=str(tmp_path / "docs"))
     assert not report.success
     assert report.failed_tables == ["alerts"]
     assert {o.label for o in report.failures} == {
@@ -188,5 +191,18 @@ def test_validate_names_each_failed_expectation(tmp_path):
     assert Path(report.docs_index).is_file()
     err = quality.QualityError(report)
     assert "satisfies_rule" in str(err)
-    ok = quality.validate({"alerts": quality.derive_alerts(_alerts(["150"]), history)})
+    ok = suites.validate({"alerts": invariants.derive_alerts(_alerts(["150"]), history)})
     assert ok.success and ok.failures == [] and ok.docs_index is None
+
+
+def test_a_run_that_cannot_find_what_it_checks_fails_naming_it(tmp_path):
+    """No tables and no checkpoint under the data dir: every suite asked for fails with its reason."""
+    from fraudrules.config import JobConfig
+
+    cfg = JobConfig(data_dir=str(tmp_path), checkpoint_root=str(tmp_path / "nowhere"))
+    report = quality.run(None, cfg, docs_dir=None, suites=("window_state", "alerts"), results=False)
+    assert not report.success and report.failed_tables == ["alerts", "window_state"]
+    observed = {o.table: o.observed for o in report.failures}
+    assert observed["window_state"] == f"the evaluate query has no committed batch under {tmp_path}/nowhere/evaluate"
+    assert observed["alerts"] == f"no table alerts at {tmp_path}/tables/alerts"
+    assert "window_state: input_found()" in report.message() and report.rows == {}

@@ -6,7 +6,8 @@ import json
 from decimal import Decimal
 
 import pytest
-from fraudrules.rules import RuleError, parse_rule, parse_rules_text
+
+from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
 
 BASE = {
     "ruleId": 7, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",

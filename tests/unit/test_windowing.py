@@ -6,13 +6,13 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from fraudrules.rules import AGGREGATORS, OPERATORS
-from fraudrules.windowing import render
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import reference
-from tests.harness import Engine, rule
+from fraudrules.engine.windowing import render
+from fraudrules.rules.model import AGGREGATORS, OPERATORS
+from tests.support import reference
+from tests.support.harness import Engine, rule
 
 MIN = 60_000
 

@@ -1,0 +1,1 @@
+"""Great Expectations suites, one per checked table; shipped in the wheel as `fraudrules.expectations`."""

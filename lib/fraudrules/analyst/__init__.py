@@ -1,0 +1,1 @@
+"""Analyst notebooks' helpers: parameters and query runs, views over the tables, plots."""

@@ -1,0 +1,242 @@
+"""What the notebooks share: widget parameters, the job config, a local workload, the job's queries.
+
+On Databricks parameters are notebook widgets (a job's `base_parameters` fill them); elsewhere
+they are the notebook's defaults, each overridable by an environment variable
+`FRAUDRULES_<KEY>` (so a headless run needs no edits to the notebook).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from fraudrules import backtest, config, tables
+from fraudrules.analyst import views
+from fraudrules.backtest import BacktestResult
+from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
+from fraudrules.engine import job
+from fraudrules.engine.sinks import Printer
+from fraudrules.generator import Workload, sample_rules_path, write_jsonl
+from fraudrules.rules import store
+from fraudrules.rules.model import Rule, load_rules_file, parse_rule
+from fraudrules.session import dbutils, kafka_secret_options, on_databricks
+
+ENV_PREFIX = "FRAUDRULES_"
+SHADOW_OFFSET = 1_000_000  # a candidate rule replays beside the live one under this offset id
+# Records the local workload adds to the landing folder so that the quarantine has something to show.
+INVALID_RECORDS = (
+    "{not json",
+    '{"transactionId": 1, "eventTime": 1, "payeeId": 1, "beneficiaryId": 1, "paymentAmount": "1.00"}',
+    '{"transactionId": 2, "eventTime": 2, "payeeId": 1, "beneficiaryId": 1, "paymentAmount": "1.00",'
+    ' "paymentType": "WIRE"}',
+    '{"transactionId": "x", "eventTime": 3, "payeeId": 1, "beneficiaryId": 1, "paymentAmount": "1.001",'
+    ' "paymentType": "CSH"}',
+)
+
+
+def params(defaults: Mapping[str, str]) -> dict[str, str]:
+    """The notebook's parameters: widgets on Databricks, defaults overridden by FRAUDRULES_<KEY> elsewhere."""
+    if on_databricks():
+        widgets = dbutils().widgets
+        for key, value in defaults.items():
+            widgets.text(key, str(value))
+        return {key: widgets.get(key) for key in defaults}
+    return {key: os.environ.get(ENV_PREFIX + key.upper(), str(value)) for key, value in defaults.items()}
+
+
+def _opt(p: Mapping[str, str], key: str) -> str | None:
+    value = str(p.get(key, "") or "").strip()
+    return value or None
+
+
+def config_from(p: Mapping[str, str]) -> JobConfig:
+    """A JobConfig from notebook parameters (`config.config_from`); with a Kafka bootstrap, the SASL options
+    of the `kafka_secret_scope` widget's Databricks secret scope."""
+    secrets = kafka_secret_options(_opt(p, "kafka_secret_scope")) if _opt(p, "kafka_bootstrap") else {}
+    return config.config_from(p, kafka_options=secrets)
+
+
+def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[str, int]:
+    """Tables, rules and (when asked) a landing workload, so a notebook also runs on a fresh data dir.
+
+    - tables are created if missing;
+    - an empty rules table gets the rules of `p["rules_file"]` (with `generate`, the sample rules by default);
+    - with `p["generate"]` true, an empty landing folder gets `p["transactions"]` generated
+      transactions (plus a few invalid records, which the ingest quarantines).
+    """
+    created = tables.ensure(spark, cfg)
+    current = store.current(spark, cfg)
+    loaded = 0
+    rules_file = _opt(p, "rules_file") or (sample_rules_path() if flag(p.get("generate", "false")) else None)
+    if not current and rules_file:
+        rows = store.upsert(spark, cfg, load_rules_file(rules_file), author="notebook")
+        current, loaded = {r["ruleId"]: r for r in rows}, len(rows)
+    generated = 0
+    if flag(p.get("generate", "false")) and cfg.source == "files" and not _has_files(cfg.landing):
+        generated = generate_workload(cfg.landing, int(p.get("transactions", "3000")), int(p.get("seed", "7")))
+    active = sum(1 for r in current.values() if r["ruleState"] == "ACTIVE")
+    return {"tables_created": len(created), "rules_loaded": loaded, "active_rules": active, "generated": generated}
+
+
+def _has_files(folder: str) -> bool:
+    return os.path.isdir(folder) and any(not n.startswith((".", "_")) for n in os.listdir(folder))
+
+
+def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 500, invalid: bool = True) -> int:
+    """A small reproducible workload stamped with ingestionTimestamp.
+
+    Five transactions a second of event time (3,000 span ten minutes) and a burst every 250.
+    """
+    now = int(time.time() * 1000)
+    workload = Workload(count=count, seed=seed, burst_every=250, events_per_second=5.0)
+    txs = ({**tx, "ingestionTimestamp": now} for tx in workload.transactions())
+    n = write_jsonl(folder, txs, per_file=per_file)
+    if invalid:
+        path = os.path.join(folder, "invalid-000000.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write("".join(r + "\n" for r in INVALID_RECORDS))
+        os.replace(path + ".tmp", path)
+    return n
+
+
+def start_query(spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print) -> StreamingQuery:
+    """One of the job's queries (`config.QUERIES`), started as `job.start` starts it."""
+    if name not in QUERIES:
+        raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
+    tables.ensure(spark, cfg)
+    return job.start_query(*job.query(spark, cfg, name, printer), cfg, name)
+
+
+def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str]) -> dict[str, Any]:
+    """Start the named queries ("rules,evaluate" or a list) and wait for them: to completion with
+    available-now, for as long as they run otherwise (the continuous job). A failed query raises.
+
+    Returns, per query, its micro-batches' progress as Spark reports it (`progress`), plus the
+    number of batches and of input rows over all of them.
+    """
+    wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+    started = [start_query(spark, cfg, n) for n in wanted if n]
+    try:  # until all have finished, or the first one fails (then the others are stopped with it)
+        while active := [q for q in started if q.isActive]:
+            active[0].awaitTermination(2)
+            failed = [q.exception() for q in started if not q.isActive and q.exception() is not None]
+            if failed:
+                raise failed[0]
+    finally:
+        for query in started:
+            if query.isActive:
+                query.stop()
+    out = {}
+    for query in started:
+        progress = [json.loads(pr.json) for pr in query.recentProgress]
+        out[query.name] = {
+            "batches": len(progress),
+            "inputRows": sum(int(pr["numInputRows"]) for pr in progress),
+            "progress": progress,
+        }
+    return out
+
+
+def run_query(spark: SparkSession, cfg: JobConfig, name: str) -> dict[str, Any]:
+    """`run_queries` for one query: its {batches, inputRows, progress}."""
+    return run_queries(spark, cfg, [name])[name]
+
+
+def catch_up(
+    spark: SparkSession, cfg: JobConfig, queries: Sequence[str] = (INGEST_QUERY, EVALUATE_QUERY)
+) -> list[dict[str, Any]]:
+    """Locally, run each of `queries` that never ran (its table is still empty) over the landing folder.
+
+    This lets a notebook run on a fresh data dir; on Databricks the continuous job does this.
+    """
+    if on_databricks() or not cfg.available_now:
+        return []
+    todo = []
+    if INGEST_QUERY in queries and tables.read(spark, cfg, "transactions").isEmpty():
+        todo.append(INGEST_QUERY)
+    evaluated = tables.read(spark, cfg, "batches").where(F.col("query") == EVALUATE_QUERY)
+    if EVALUATE_QUERY in queries and evaluated.isEmpty():
+        todo.append(EVALUATE_QUERY)
+    done = {name: run_query(spark, cfg, name) for name in todo}  # one after the other: 2 cores
+    return [{"query": name, "batches": d["batches"], "inputRows": d["inputRows"]} for name, d in done.items()]
+
+
+def scratch_config(cfg: JobConfig, folder: str) -> JobConfig:
+    """A config for throw-away tables (backtests): local Delta paths under an emptied `folder`."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder, exist_ok=True)
+    return cfg.with_(data_dir=folder, catalog=None, schema=None, checkpoint_root=None, transactions_source=None)
+
+
+def live_rule(spark: SparkSession, cfg: JobConfig, rule_id: int) -> Rule | None:
+    """The rule as the rules table holds it now (None if there is no such rule)."""
+    row = store.current(spark, cfg).get(int(rule_id))
+    return None if row is None else parse_rule(json.loads(row["ruleJson"]))
+
+
+def backtest_candidate(
+    spark: SparkSession, cfg: JobConfig, transactions: str, candidate: Rule, work_dir: str
+) -> tuple[BacktestResult, DataFrame]:
+    """Replay `transactions` (JSON-lines folder) with the live rule and the candidate side by side.
+
+    Both run in one backtest under `work_dir` (emptied first), the candidate under a shadow id;
+    returns the backtest result and `views.compare_alerts(live alerts, candidate alerts)`.
+    """
+    live = live_rule(spark, cfg, candidate.rule_id)
+    shadow_id = SHADOW_OFFSET + candidate.rule_id
+    replay = [views.with_rule_id(candidate, shadow_id)]
+    if live is not None and live.state == "ACTIVE":
+        replay.insert(0, live)
+    bt_cfg = scratch_config(cfg, work_dir)
+    result = backtest.run(spark, bt_cfg, transactions, replay)
+    alerts = tables.read(spark, bt_cfg, "alerts")
+    compared = views.compare_alerts(
+        alerts.where(F.col("ruleId") == candidate.rule_id), alerts.where(F.col("ruleId") == shadow_id)
+    )
+    return result, compared
+
+
+def export_alerts(spark: SparkSession, cfg: JobConfig, out: str | None = None) -> tuple[str, int]:
+    """Publish the alerts table as JSON lines (default `<data_dir>/exports/alerts.jsonl`).
+
+    Returns (path, alerts written); folders are created as needed.
+    """
+    path = os.path.abspath(out or os.path.join(cfg.data_dir, "exports", "alerts.jsonl"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path, backtest.write_alerts(spark, cfg, path)
+
+
+def activate(spark: SparkSession, cfg: JobConfig, rule: Rule, confirmed: str | bool, author: str) -> list[dict]:
+    """Write `rule` to the live rules table, only when `confirmed` (a widget's "true"); returns the new rows."""
+    if not flag(confirmed):
+        return []
+    return store.upsert(spark, cfg, [rule], author=author)
+
+
+def show(df: Any, n: int = 20) -> Any:
+    """Databricks' display for a Spark DataFrame there; elsewhere its first `n` rows as pandas."""
+    if on_databricks():
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None and "display" in shell.user_ns:
+            return shell.user_ns["display"](df)
+    if hasattr(df, "toPandas"):
+        return df.limit(n).toPandas()
+    return df.head(n) if hasattr(df, "head") else df
+
+
+def finish(spark: SparkSession) -> None:
+    """Stop the local Spark session at the end of a notebook (never the cluster's on Databricks)."""
+    if not on_databricks():
+        for q in spark.streams.active:
+            q.stop()
+        spark.stop()

@@ -1,0 +1,1 @@
+"""The streaming job: sources, ingest, dynamic keying, windowed evaluation, login detection, sinks."""

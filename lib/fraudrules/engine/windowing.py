@@ -1,0 +1,346 @@
+"""Vectorised low-latency windows: every event aggregates its key's events in [T − W, T].
+
+This is Vol.3's "ProcessFunction as a window", done once per micro-batch for many keys at a time
+instead of once per event: the retained events of the touched keys and the batch's new events are
+sorted by (group, eventTime, arrival), every new event's window is a contiguous range of that order,
+and aggregates come from prefix sums (SUM/COUNT/AVG), a sparse table (MIN/MAX) and a
+previous-occurrence count (distinct). Cost per event is O(log n), independent of window length.
+
+A *group* is (ruleId, rule signature, key). Values are integers scaled by the rule's decimal scale,
+so all arithmetic is exact. Nothing here knows about Spark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal, localcontext
+
+import numpy as np
+import pandas as pd
+
+from fraudrules.rules.model import COUNT_FIELDS, RESET_FIELD, Rule
+
+Retention = dict[int, tuple[int, int]]  # ruleId -> (signature, keep events with eventTime >= this)
+ALERT_SCALE = 18  # decimal places of a rendered AVG aggregate (alerts table column is DECIMAL(38, 18))
+_I64_SAFE = 2**62
+
+
+@dataclass
+class Events:
+    """Columnar retained or incoming events. `seq` is the arrival order within the shard."""
+
+    rule: np.ndarray  # int64 ruleId
+    sig: np.ndarray  # int64 signature of the rule's state-relevant fields
+    key: np.ndarray  # object: key string
+    t: np.ndarray  # int64 eventTime ms
+    seq: np.ndarray  # int64 arrival sequence
+    val: np.ndarray  # int64 aggregated value, scaled
+    uniq: np.ndarray  # int64 hash of the rule's `unique` fields (0 when unused)
+
+    @staticmethod
+    def empty() -> Events:
+        z = np.zeros(0, dtype=np.int64)
+        return Events(z, z, np.zeros(0, dtype=object), z, z, z, z)
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def take(self, idx: np.ndarray) -> Events:
+        return Events(*(getattr(self, f)[idx] for f in _FIELDS))
+
+    @staticmethod
+    def concat(parts: list[Events]) -> Events:
+        return Events(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({f: getattr(self, f) for f in _FIELDS})
+
+    @staticmethod
+    def from_frame(df: pd.DataFrame) -> Events:
+        cols = [df[f].to_numpy(dtype=object if f == "key" else np.int64) for f in _FIELDS]
+        return Events(*cols)
+
+
+_FIELDS = ("rule", "sig", "key", "t", "seq", "val", "uniq")
+
+
+@dataclass
+class Fired:
+    """Alerts of one evaluation: positions into the batch plus the exact aggregate N / D."""
+
+    index: np.ndarray  # int64 positions into the `new` Events
+    num: np.ndarray  # object (python int) numerator
+    den: np.ndarray  # object (python int) denominator, > 0
+
+    def aggregates(self) -> list[Decimal]:
+        return [render(n, d) for n, d in zip(self.num, self.den, strict=True)]
+
+
+@dataclass
+class Evaluation:
+    fired: Fired
+    state: Events
+    evicted: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def render(num: int, den: int) -> Decimal:
+    """Exact value of num/den, rounded half-even to ALERT_SCALE places only if it does not terminate."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        q = Decimal(num) / Decimal(den)
+        if den == 1 or _terminates(den):
+            return q.normalize() if q != 0 else Decimal(0)
+        return q.quantize(Decimal(1).scaleb(-ALERT_SCALE)).normalize()
+
+
+def _terminates(den: int) -> bool:
+    for p in (2, 5):
+        while den % p == 0:
+            den //= p
+    return den == 1
+
+
+def group_codes(rule: np.ndarray, sig: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense group ids for (rule, sig, key) rows."""
+    if len(rule) == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    frame = pd.DataFrame({"r": rule, "s": sig, "k": key})
+    codes = frame.groupby(["r", "s", "k"], sort=False).ngroup().to_numpy(dtype=np.int64)
+    return codes, int(codes.max()) + 1
+
+
+def evaluate(state: Events, new: Events, rules: dict[int, Rule], retention: Retention) -> Evaluation:
+    """Evaluate `new` (non-late, seq-ordered arrivals) against `state`, return alerts and the next state.
+
+    `rules` holds the rule in force for every ruleId present in `new`; `retention` says what of the
+    merged events to keep (see `retain`).
+    """
+    codes, ngroups = group_codes(
+        np.concatenate([state.rule, new.rule]),
+        np.concatenate([state.sig, new.sig]),
+        np.concatenate([state.key, new.key]),
+    )
+    g_old, g_new = codes[: len(state)], codes[len(state) :]
+    touched = np.zeros(ngroups, dtype=bool)
+    touched[g_new] = True
+    old_in = touched[g_old] if len(state) else np.zeros(0, dtype=bool)
+
+    work = Events.concat([state.take(np.flatnonzero(old_in)), new])
+    g = np.concatenate([g_old[old_in], g_new])
+    is_new = np.concatenate([np.zeros(int(old_in.sum()), dtype=bool), np.ones(len(new), dtype=bool)])
+    new_pos = np.concatenate([np.full(int(old_in.sum()), -1), np.arange(len(new))])
+
+    order = np.lexsort((work.seq, work.t, g))
+    work, g, is_new, new_pos = work.take(order), g[order], is_new[order], new_pos[order]
+
+    window = np.array([rules[int(r)].window_ms for r in work.rule], dtype=np.int64) if len(work) else work.t
+    lo = _window_starts(g, work.t, window)
+    hi = np.arange(len(work))
+
+    q = np.flatnonzero(is_new)  # sorted positions of the events to evaluate
+    drop = np.zeros(len(work), dtype=bool)  # retained events emptied by COUNT_WITH_RESET
+    fired_pos: list[np.ndarray] = []
+    fired_num: list[np.ndarray] = []
+    fired_den: list[np.ndarray] = []
+    rule_of_q = work.rule[q]
+    for rule_id in np.unique(rule_of_q):
+        rule = rules[int(rule_id)]
+        rq = q[rule_of_q == rule_id]
+        if rule.field == RESET_FIELD:
+            pos, num, den = _count_with_reset(rule, rq, lo, g, is_new, work.seq, drop)
+        else:
+            num, den = _aggregate(rule, work, g, lo[rq], hi[rq])
+            hit = compare(num, den, rule)
+            pos, num, den = rq[hit], num[hit], den[hit]
+        fired_pos.append(pos)
+        fired_num.append(np.asarray(num, dtype=object))
+        fired_den.append(np.asarray(den, dtype=object))
+
+    pos = np.concatenate(fired_pos) if fired_pos else np.zeros(0, dtype=np.int64)
+    fired = Fired(
+        index=new_pos[pos].astype(np.int64),
+        num=np.concatenate(fired_num) if fired_num else np.zeros(0, dtype=object),
+        den=np.concatenate(fired_den) if fired_den else np.zeros(0, dtype=object),
+    )
+    merged = Events.concat([state.take(np.flatnonzero(~old_in)), work.take(np.flatnonzero(~drop))])
+    kept = retain(merged, retention)
+    return Evaluation(fired=fired, state=merged.take(kept), evicted=len(merged) - int(kept.size))
+
+
+def retain(events: Events, retention: Retention) -> np.ndarray:
+    """Positions of events still needed.
+
+    `retention[ruleId] = (sig, before)`: keep the rule's events with that signature and eventTime ≥
+    before (older ones can be in no future window). Rules absent from it are no longer ACTIVE and
+    keep nothing, and a changed signature starts the rule's windows afresh.
+    """
+    keep = np.zeros(len(events), dtype=bool)
+    for rule_id in np.unique(events.rule):
+        if int(rule_id) in retention:
+            sig, before = retention[int(rule_id)]
+            keep |= (events.rule == rule_id) & (events.sig == sig) & (events.t >= before)
+    return np.flatnonzero(keep)
+
+
+def _window_starts(g: np.ndarray, t: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """First sorted position of each row's group with eventTime ≥ t − window (rows sorted by g, t)."""
+    n = len(t)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    sizes = np.diff(np.r_[first, n])
+    group_start = np.repeat(first, sizes)
+    tmin = int(t.min())
+    span = int(t.max()) - tmin + int(window.max()) + 2
+    if (int(g.max()) + 1) * span < _I64_SAFE:
+        comp = g * span + (t - tmin)
+        lo = np.searchsorted(comp, g * span + (t - window - tmin), side="left")
+    else:  # time span too wide for one composite key: search group by group
+        lo = np.empty(n, dtype=np.int64)
+        for start, size in zip(first, sizes, strict=True):
+            seg = slice(start, start + size)
+            lo[seg] = start + np.searchsorted(t[seg], t[seg] - window[seg], side="left")
+    return np.maximum(lo, group_start)
+
+
+def _aggregate(rule: Rule, work: Events, g: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Exact aggregate over sorted ranges [lo, hi] as numerator/denominator arrays."""
+    count = (hi - lo + 1).astype(np.int64)
+    scale = 10**rule.scale
+    if rule.unique:
+        return _distinct(work.uniq, g, lo, hi), np.ones(len(lo), dtype=np.int64)
+    if rule.field in COUNT_FIELDS:
+        return count, np.ones(len(lo), dtype=np.int64)
+    if rule.aggregator == "AVG":
+        return _range_sums(work.val, lo, hi), count * scale
+    if rule.aggregator == "SUM":
+        num = _range_sums(work.val, lo, hi)
+    else:
+        num = _range_extreme(work.val, lo, hi, np.minimum if rule.aggregator == "MIN" else np.maximum)
+    return num, np.full(len(lo), scale, dtype=np.int64)
+
+
+def _range_sums(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    if len(vals) and int(np.abs(vals).max()) * len(vals) >= _I64_SAFE:
+        prefix = np.concatenate([[0], np.cumsum(vals.astype(object))])
+    else:
+        prefix = np.concatenate([[0], np.cumsum(vals)])
+    return prefix[hi + 1] - prefix[lo]
+
+
+def _range_extreme(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, op) -> np.ndarray:
+    """Sparse-table range min/max: O(n log n) build over the touched rows, O(1) per query."""
+    if len(lo) == 0:
+        return np.zeros(0, dtype=np.int64)
+    length = hi - lo + 1
+    levels = [vals]
+    k_max = int(np.log2(int(length.max())))
+    for k in range(1, k_max + 1):
+        prev, half = levels[-1], 1 << (k - 1)
+        levels.append(op(prev[:-half], prev[half:]))
+    k = np.floor(np.log2(length)).astype(np.int64)
+    out = np.empty(len(lo), dtype=np.int64)
+    for level in np.unique(k):
+        sel = k == level
+        table = levels[level]
+        out[sel] = op(table[lo[sel]], table[hi[sel] - (1 << level) + 1])
+    return out
+
+
+def _distinct(uniq: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Distinct `uniq` values in each range: rows whose previous equal value lies before `lo`.
+
+    Counted offline with a Fenwick tree over positions, queries swept by their `hi`.
+    """
+    n = len(uniq)
+    prev = np.full(n, -1, dtype=np.int64)
+    order = np.lexsort((np.arange(n), uniq, g))
+    same = (g[order][1:] == g[order][:-1]) & (uniq[order][1:] == uniq[order][:-1])
+    prev[order[1:][same]] = order[:-1][same]
+    # distinct(lo, hi) = #{j in [lo, hi] : prev[j] < lo}; sweep j in increasing order, add 1 at j and
+    # move the mark from prev[j] to j, so that the tree counts last occurrences up to the sweep point.
+    tree = np.zeros(n + 1, dtype=np.int64)
+    out = np.zeros(len(lo), dtype=np.int64)
+    by_hi = np.argsort(hi, kind="stable")
+    j = 0
+    for qi in by_hi:
+        h = int(hi[qi])
+        while j <= h:
+            if prev[j] >= 0:
+                _fenwick_add(tree, int(prev[j]), -1)
+            _fenwick_add(tree, j, 1)
+            j += 1
+        out[qi] = _fenwick_sum(tree, h) - _fenwick_sum(tree, int(lo[qi]) - 1)
+    return out
+
+
+def _fenwick_add(tree: np.ndarray, i: int, v: int) -> None:
+    i += 1
+    n = len(tree)
+    while i < n:
+        tree[i] += v
+        i += i & -i
+
+
+def _fenwick_sum(tree: np.ndarray, i: int) -> int:
+    i += 1
+    s = 0
+    while i > 0:
+        s += int(tree[i])
+        i -= i & -i
+    return s
+
+
+def _count_with_reset(
+    rule: Rule, rq: np.ndarray, lo: np.ndarray, g: np.ndarray, is_new: np.ndarray, seq: np.ndarray, drop: np.ndarray
+):
+    """COUNT_WITH_RESET_FLINK: sequential per key, since a firing empties that key's window.
+
+    Retained events from before the last reset were already removed from state, so until the first
+    firing in this batch the count is the plain range length; after a firing at sorted position f
+    only new arrivals after f (which are exactly the later rows of this group) can count.
+    """
+    new_prefix = np.concatenate([[0], np.cumsum(is_new)])
+    last_fire: dict[int, int] = {}
+    pos, num = [], []
+    for i in rq.tolist():
+        grp = int(g[i])
+        f = last_fire.get(grp)
+        if f is None:
+            count = i - int(lo[i]) + 1
+        else:
+            start = max(int(lo[i]), f + 1)
+            count = int(new_prefix[i + 1] - new_prefix[start])
+        if compare(np.array([count], dtype=np.int64), np.array([1], dtype=np.int64), rule)[0]:
+            pos.append(i)
+            num.append(count)
+            last_fire[grp] = i
+    for grp, f in last_fire.items():
+        drop |= (g == grp) & (seq <= seq[f])
+    return np.array(pos, dtype=np.int64), np.array(num, dtype=object), np.ones(len(pos), dtype=object)
+
+
+OPERATORS = {  # elementwise, on arrays and on scalars alike (Decimal included)
+    "EQUAL": np.equal,
+    "NOT_EQUAL": np.not_equal,
+    "GREATER": np.greater,
+    "GREATER_EQUAL": np.greater_equal,
+    "LESS": np.less,
+    "LESS_EQUAL": np.less_equal,
+}
+
+
+def compare(num: np.ndarray, den: np.ndarray, rule: Rule) -> np.ndarray:
+    """Exact `num/den <op> limit` with den > 0: cross-multiplied in integers, int64 when it cannot overflow."""
+    lim_num, lim_exp = rule.limit_fraction
+    scale = 10**lim_exp
+    lhs_bound = (int(np.abs(num).max()) if len(num) else 0) * scale
+    rhs_bound = abs(lim_num) * (int(np.abs(den).max()) if len(den) else 0)
+    if max(lhs_bound, rhs_bound) < _I64_SAFE:
+        lhs = np.asarray(num, dtype=np.int64) * scale
+        rhs = lim_num * np.asarray(den, dtype=np.int64)
+    else:
+        lhs = np.asarray(num, dtype=object) * scale
+        rhs = lim_num * np.asarray(den, dtype=object)
+    return np.asarray(OPERATORS[rule.operator](lhs, rhs), dtype=bool)

@@ -1,0 +1,108 @@
+"""Delta tables read without a JVM: the transaction log (last checkpoint plus later commits) and parquet.
+
+What a scheduler or a health check needs is small (the newest rows of `batches`, a results table) and must not
+wait for a Spark JVM; pyarrow reads the data files the log says are live.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def delta_snapshot(path: str | Path) -> tuple[list[dict], list[str]]:
+    """The live data files (`add` actions) and column names of a Delta table, from its last checkpoint plus
+    later commits.
+
+    Handles classic single- and multi-part checkpoints. Tables whose files carry deletion vectors, or
+    that use V2 checkpoints, are refused (NotImplementedError) rather than misread.
+    """
+    import pyarrow.parquet as pq
+
+    log = Path(path) / "_delta_log"
+    if not log.is_dir():
+        raise FileNotFoundError(f"no Delta table at {path}")
+    files: dict[str, dict] = {}
+    schema = None
+    start = 0
+    last = log / "_last_checkpoint"
+    if last.exists():
+        info = json.loads(last.read_text())
+        if "v2Checkpoint" in info:
+            raise NotImplementedError(f"{path}: V2 checkpoints are not read here; read the table with Spark")
+        version = int(info["version"])
+        parts = info.get("parts")
+        names = (
+            [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)]
+            if parts
+            else [f"{version:020d}.checkpoint.parquet"]
+        )
+        for name in names:
+            checkpoint = pq.read_table(log / name, columns=["add", "metaData"])
+            for add in checkpoint.column("add").to_pylist():
+                if add:
+                    files[add["path"]] = add
+            for meta in checkpoint.column("metaData").to_pylist():
+                if meta:
+                    schema = meta["schemaString"]
+        start = version + 1
+    commits = sorted((int(p.name[:20]), p) for p in log.glob("*.json") if p.name[:20].isdigit() and len(p.name) == 25)
+    for version, commit in commits:
+        if version < start:
+            continue
+        for line in commit.read_text().splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "add" in action:
+                files[action["add"]["path"]] = action["add"]
+            elif "remove" in action:
+                files.pop(action["remove"]["path"], None)
+            elif "metaData" in action:
+                schema = action["metaData"]["schemaString"]
+    for add in files.values():
+        if add.get("deletionVector"):
+            raise NotImplementedError(f"{path}: deletion vectors are not read here; read the table with Spark")
+    columns = [f["name"] for f in json.loads(schema)["fields"]] if schema else []
+    return list(files.values()), columns
+
+
+def delta_files(path: str | Path) -> list[dict]:
+    """The live data files (`add` actions) of a Delta table; see `delta_snapshot`."""
+    return delta_snapshot(path)[0]
+
+
+def _data_file(table: Path, add: dict) -> str:
+    from urllib.parse import unquote, urlparse
+
+    if add.get("partitionValues"):
+        raise NotImplementedError(f"{table}: partitioned tables are not read here")
+    url = urlparse(add["path"])
+    if url.scheme in ("", "file"):
+        path = Path(unquote(url.path))
+        return str(path if path.is_absolute() else table / path)
+    raise NotImplementedError(f"{table}: data file {add['path']} is not local")
+
+
+def read_delta(path: str | Path, columns: list[str] | None = None, newest_files: int | None = None):
+    """A local Delta table (or its `newest_files` newest data files) as pandas, without Spark."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    adds, names = delta_snapshot(path)
+    adds = sorted(adds, key=lambda a: a.get("modificationTime", 0), reverse=True)
+    if newest_files is not None:
+        adds = adds[:newest_files]
+    parts = [pq.read_table(_data_file(Path(path), add), columns=columns) for add in adds]
+    rows = [t for t in parts if t.num_rows]
+    if rows:
+        return pa.concat_tables(rows, promote_options="default").to_pandas()
+    if parts:  # typed, empty
+        return parts[0].to_pandas()
+    return pd.DataFrame(columns=columns or names)
+
+
+def read_newest(path: str | Path, columns: list[str], max_files: int = 64):
+    """Rows of the newest `max_files` data files of a Delta table (by modification time) as pandas."""
+    return read_delta(path, columns, newest_files=max_files)

@@ -1,0 +1,68 @@
+"""Tables and checkpoints of a real backtest (the job's own queries), shared by the e2e tests that check them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fraudrules.generator import Workload, write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_PYTHON = Path(sys.executable)
+
+RULES = REPO / "tests" / "fixtures" / "rules.json"
+FIELDS = ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType")
+
+
+def bad_records() -> list[str]:
+    """One record per quarantine reason of ingest.parse()."""
+    ok = {
+        "transactionId": 9_000_001,
+        "eventTime": 1_700_000_000_000,
+        "payeeId": 1,
+        "beneficiaryId": 2,
+        "paymentAmount": "1.00",
+        "paymentType": "CSH",
+    }
+    records = ["not json"]
+    records += [json.dumps({k: v for k, v in ok.items() if k != name}) for name in FIELDS]
+    records += [json.dumps(ok | {name: "abc"}) for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId")]
+    records += [
+        json.dumps(ok | {"paymentAmount": "abc"}),
+        json.dumps(ok | {"paymentAmount": "1.001"}),
+        json.dumps(ok | {"paymentAmount": "10000000000000000000"}),
+        json.dumps(ok | {"paymentType": "XXX"}),
+        json.dumps(ok | {"eventTime": -5}),
+        json.dumps(ok | {"ingestionTimestamp": "soon"}),
+    ]
+    return records
+
+
+def job_env() -> dict:
+    return dict(os.environ, PYSPARK_PYTHON=str(JOB_PYTHON), PYSPARK_DRIVER_PYTHON=str(JOB_PYTHON))
+
+
+def real_backtest(root: Path) -> Path:
+    """A real backtest under `root`; its data dir (tables and checkpoints).
+
+    3,000 transactions over ~20 minutes of event time (so the 1- and 5-minute windows retire events and the
+    watermark matters) in one micro-batch, then a second one of records that each hit one quarantine reason,
+    which runs with the watermark the first one set."""
+    landing = root / "landing"
+    write_jsonl(str(landing), Workload(count=3000, events_per_second=2.5).transactions(), per_file=3000)
+    bad = landing / "zz-bad.json"
+    bad.write_text("\n".join(bad_records()) + "\n")
+    later = time.time() + 2
+    os.utime(bad, (later, later))  # taken last: its batch runs with the watermark of all the others
+    cmd = [str(JOB_PYTHON), "-m", "fraudrules.cli", "backtest", "--transactions", str(landing)]
+    cmd += ["--rules", str(RULES), "--out", str(root / "alerts.jsonl"), "--data-dir", str(root / "data")]
+    cmd += ["--max-files-per-trigger", "1"]
+    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert re.search(r"transactions: 3000 valid\b.*\b17 quarantined", proc.stdout), proc.stdout
+    return root / "data"
