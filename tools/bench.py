@@ -72,8 +72,12 @@ def _fresh(cfg: JobConfig, spark) -> None:
 
 
 def throughput(spark, root: str, count: int, shards: int) -> list[str]:
-    cfg = JobConfig(data_dir=os.path.join(root, "throughput"), shards=shards, available_now=True,
-                    max_files_per_trigger=FILES_PER_BATCH)  # fmt: skip
+    cfg = JobConfig(
+        data_dir=os.path.join(root, "throughput"),
+        shards=shards,
+        available_now=True,
+        max_files_per_trigger=FILES_PER_BATCH,
+    )
     _fresh(cfg, spark)
     write_jsonl(cfg.landing, Workload(count=count).transactions(), per_file=PER_FILE)
     started = time.time()
@@ -99,14 +103,16 @@ def latency(spark, root: str, rate: float, seconds: float, shards: int) -> list[
     cfg = JobConfig(data_dir=os.path.join(root, "latency"), shards=shards)
     _fresh(cfg, spark)
     running = job.start(spark, cfg, printer=None)
-    warm = RateWriter(cfg.landing, Workload(count=2_000, seed=99, first_id=10**9).transactions(), rate=rate,
-                      limit=int(rate))  # fmt: skip
+    warm = RateWriter(
+        cfg.landing, Workload(count=2_000, seed=99, first_id=10**9).transactions(), rate=rate, limit=int(rate)
+    )
     warm.start()
     warm.join()
     running.process_all_available()
     since = int(time.time() * 1000)
-    writer = RateWriter(cfg.landing, Workload(count=int(rate * seconds) + 10).transactions(), rate=rate,
-                        limit=int(rate * seconds))  # fmt: skip
+    writer = RateWriter(
+        cfg.landing, Workload(count=int(rate * seconds) + 10).transactions(), rate=rate, limit=int(rate * seconds)
+    )
     writer.start()
     writer.join()
     running.process_all_available()

@@ -83,9 +83,11 @@ class Outcome:
         return self.lost == self.duplicated == self.unexpected == self.different == 0 and self.found == self.expected
 
     def line(self) -> str:
-        return (f"{self.label:<12} alerts expected {self.expected:>5}, found {self.found:>5} "
-                f"(distinct {self.unique}); lost {self.lost}, duplicated {self.duplicated}, "
-                f"unexpected {self.unexpected}, different aggregate {self.different}")  # fmt: skip
+        return (
+            f"{self.label:<12} alerts expected {self.expected:>5}, found {self.found:>5} "
+            f"(distinct {self.unique}); lost {self.lost}, duplicated {self.duplicated}, "
+            f"unexpected {self.unexpected}, different aggregate {self.different}"
+        )
 
 
 @dataclass
@@ -152,14 +154,18 @@ class Demo:
         txs = Workload(count=self.count, seed=self.seed, payees=200, beneficiaries=50, burst_every=250)
         logins = LoginWorkload(count=self.logins_count, seed=self.seed + 1, users=60, attack_every=40)
         self.lines["transactions"], self.bad["transactions"] = _with_bad(
-            map(json.dumps, txs.transactions()), BAD_TRANSACTIONS, self.bad_every)  # fmt: skip
-        self.lines["logins"], self.bad["logins"] = _with_bad(map(json.dumps, logins.events()), BAD_LOGINS,
-                                                             self.bad_every)  # fmt: skip
+            map(json.dumps, txs.transactions()), BAD_TRANSACTIONS, self.bad_every
+        )
+        self.lines["logins"], self.bad["logins"] = _with_bad(
+            map(json.dumps, logins.events()), BAD_LOGINS, self.bad_every
+        )
         for kind, lines in self.lines.items():
             _write_files(self.input_dir(kind), lines, self.per_file)
         n, bad = {k: len(v) for k, v in self.lines.items()}, self.bad
-        self.say(f"input: {n['transactions']} transaction records ({bad['transactions']} bad), "
-                 f"{n['logins']} login records ({bad['logins']} bad) in {self.root}/input")  # fmt: skip
+        self.say(
+            f"input: {n['transactions']} transaction records ({bad['transactions']} bad), "
+            f"{n['logins']} login records ({bad['logins']} bad) in {self.root}/input"
+        )
         return self
 
     def produce(self, bootstrap: str) -> None:
@@ -177,15 +183,21 @@ class Demo:
 
     def child_command(self) -> list[str]:
         cfg = self.job_cfg
-        cmd = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--available-now",
-               "--data-dir", cfg.data_dir, "--shards", str(self.shards), "--rules", self.rules]  # fmt: skip
+        run = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--available-now"]
+        options = {"--data-dir": cfg.data_dir, "--shards": str(self.shards), "--rules": self.rules}
         if self.source == "kafka":
-            cmd += ["--source", "kafka", "--kafka-bootstrap", str(self.kafka_bootstrap),
-                    "--max-offsets-per-trigger", str(self.batch_files * self.per_file)]  # fmt: skip
+            options |= {
+                "--source": "kafka",
+                "--kafka-bootstrap": str(self.kafka_bootstrap),
+                "--max-offsets-per-trigger": str(self.batch_files * self.per_file),
+            }
         else:
-            cmd += ["--transactions", self.input_dir("transactions"), "--logins", self.input_dir("logins"),
-                    "--max-files-per-trigger", str(self.batch_files)]  # fmt: skip
-        return cmd
+            options |= {
+                "--transactions": self.input_dir("transactions"),
+                "--logins": self.input_dir("logins"),
+                "--max-files-per-trigger": str(self.batch_files),
+            }
+        return [*run, *(part for option in options.items() for part in option)]
 
     def _batches(self) -> tuple[int, int]:
         """Micro-batches planned (offset log entries) and committed (commit log entries), over all queries."""
@@ -209,15 +221,22 @@ class Demo:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         with open(logs / f"run-{attempt}.log", "wb") as out:
             # Own process group: the kill takes the driver, its JVM and the Python workers at once.
-            return subprocess.Popen(self.child_command(), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
+            return subprocess.Popen(
+                self.child_command(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
 
     def _log_tail(self, attempt: int, lines: int = 40) -> str:
         path = Path(self.root) / "logs" / f"run-{attempt}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    def crash_loop(self, kills: int = 3, rng_seed: int | None = None, max_steps: int = 3, timeout_s: float = 1800
-                   ) -> list[str]:  # fmt: skip
+    def crash_loop(
+        self, kills: int = 3, rng_seed: int | None = None, max_steps: int = 3, timeout_s: float = 1800
+    ) -> list[str]:
         """Kill the running job `kills` times at random points, restart it each time, then let it finish.
 
         Kill points cycle through three moments, each after a random number of new events of its kind and a
@@ -243,9 +262,11 @@ class Demo:
                     if child.poll() is None:
                         planned, committed = self._batches()
                         _kill_group(child)
-                        line = (f"  kill {attempt + 1}: SIGKILL {time.monotonic() - started:.1f} s into run "
-                                f"{attempt + 1}, {KILL_MODES[mode]}; micro-batches so far: {planned} planned, "
-                                f"{committed} committed ({planned - committed} to replay)")  # fmt: skip
+                        line = (
+                            f"  kill {attempt + 1}: SIGKILL {time.monotonic() - started:.1f} s into run "
+                            f"{attempt + 1}, {KILL_MODES[mode]}; micro-batches so far: {planned} planned, "
+                            f"{committed} committed ({planned - committed} to replay)"
+                        )
                         log.append(line)
                         self.say(line)
                         continue
@@ -257,8 +278,10 @@ class Demo:
             if code != 0:
                 raise RuntimeError(f"job run {attempt + 1} exited with {code}:\n{self._log_tail(attempt)}")
             planned, committed = self._batches()
-            self.say(f"  run {attempt + 1} (not killed): finished in {time.monotonic() - started:.1f} s; "
-                     f"micro-batches in all: {planned} planned, {committed} committed")  # fmt: skip
+            self.say(
+                f"  run {attempt + 1} (not killed): finished in {time.monotonic() - started:.1f} s; "
+                f"micro-batches in all: {planned} planned, {committed} committed"
+            )
             break
         return log
 
@@ -273,8 +296,9 @@ class Demo:
         bt_cfg = self.backtest_cfg
         shutil.rmtree(bt_cfg.data_dir, ignore_errors=True)
         self.say("backtest of the same input with the same rules ...")
-        backtest.run(spark, bt_cfg, self.input_dir("transactions"), load_rules_file(self.rules),
-                     logins=self.input_dir("logins"))  # fmt: skip
+        backtest.run(
+            spark, bt_cfg, self.input_dir("transactions"), load_rules_file(self.rules), logins=self.input_dir("logins")
+        )
         got = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, self.job_cfg, "alerts").collect()]
         want = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, bt_cfg, "alerts").collect()]
         for label, is_login in (("transactions", False), ("logins", True)):
@@ -282,30 +306,45 @@ class Demo:
             ref = {a[0]: a[2] for a in want if (a[1] == LOGIN_RULE) == is_login}
             counts = Counter(a[0] for a in mine)
             aggs = {a[0]: a[2] for a in mine}
-            report.outcomes.append(Outcome(
-                label=label, expected=len(ref), found=len(mine), unique=len(counts),
-                lost=len(set(ref) - set(counts)), duplicated=sum(n - 1 for n in counts.values()),
-                unexpected=len(set(counts) - set(ref)),
-                different=sum(1 for k, v in ref.items() if k in aggs and aggs[k] != v),
-            ))  # fmt: skip
+            report.outcomes.append(
+                Outcome(
+                    label=label,
+                    expected=len(ref),
+                    found=len(mine),
+                    unique=len(counts),
+                    lost=len(set(ref) - set(counts)),
+                    duplicated=sum(n - 1 for n in counts.values()),
+                    unexpected=len(set(counts) - set(ref)),
+                    different=sum(1 for k, v in ref.items() if k in aggs and aggs[k] != v),
+                )
+            )
 
         quarantine = tables.read(spark, self.job_cfg, "quarantine")
         late = tables.read(spark, self.job_cfg, "late_events")
-        for kind, bronze_name, qkind, id_col in (("transactions", "transactions", "transaction", "transactionId"),
-                                                 ("logins", "logins", "login", "userId")):  # fmt: skip
+        for kind, bronze_name, qkind, id_col in (
+            ("transactions", "transactions", "transaction", "transactionId"),
+            ("logins", "logins", "login", "userId"),
+        ):
             records = len(self.lines[kind])
             bad_in = self.bad[kind]
             bronze = tables.read(spark, self.job_cfg, bronze_name)
             q = quarantine.where(F.col("kind") == qkind)
             valid, quarantined = bronze.count(), q.count()
             twice = (valid - bronze.select("srcName", "srcPos").distinct().count()) + (
-                quarantined - q.select("srcName", "srcPos").distinct().count())  # fmt: skip
+                quarantined - q.select("srcName", "srcPos").distinct().count()
+            )
             time_col = "eventTime" if kind == "transactions" else "eventTimestamp"
-            late_keys = late.where(F.col("kind") == qkind).select(
-                F.col(id_col).alias("id"), F.col("eventTimeMs").alias("t")).distinct()  # fmt: skip
+            late_keys = (
+                late.where(F.col("kind") == qkind)
+                .select(F.col(id_col).alias("id"), F.col("eventTimeMs").alias("t"))
+                .distinct()
+            )
             n_late = late_keys.count()
-            evaluated = bronze.select(F.col(id_col).alias("id"), F.col(time_col).alias("t")).join(
-                late_keys, ["id", "t"], "left_anti").count()  # fmt: skip
+            evaluated = (
+                bronze.select(F.col(id_col).alias("id"), F.col(time_col).alias("t"))
+                .join(late_keys, ["id", "t"], "left_anti")
+                .count()
+            )
             ok = records == valid + quarantined and quarantined == bad_in and twice == 0 and valid == evaluated + n_late
             report.reconciled &= ok
             report.reconciliation.append(
@@ -346,16 +385,20 @@ class Demo:
         late = tables.read(spark, cfg, "late_events").where("kind = 'transaction'").count()
         ok = counted + late == valid * n_rules
         self_ok = batches.select("batchId").distinct().count() == batches.count()
-        return [f"evaluation query's own count: {counted} keyed events evaluated + {late} late = {valid} valid × "
-                f"{n_rules} window rules{'' if ok and self_ok else '  <-- MISMATCH'}"]  # fmt: skip
+        return [
+            f"evaluation query's own count: {counted} keyed events evaluated + {late} late = {valid} valid × "
+            f"{n_rules} window rules{'' if ok and self_ok else '  <-- MISMATCH'}"
+        ]
 
     def _kafka_alerts(self, delta_alerts: list[tuple]) -> list[str]:
         from tools.kafka_local import consume_all
 
         keys = Counter(m.key().decode() for m in consume_all(self.kafka_bootstrap, "alerts"))
         missing = len({a[0] for a in delta_alerts} - set(keys))
-        return [f"Kafka alerts topic (at-least-once): {sum(keys.values())} messages, {len(keys)} distinct alertIds, "
-                f"{sum(keys.values()) - len(keys)} re-published after crashes, {missing} missing"]  # fmt: skip
+        return [
+            f"Kafka alerts topic (at-least-once): {sum(keys.values())} messages, {len(keys)} distinct alertIds, "
+            f"{sum(keys.values()) - len(keys)} re-published after crashes, {missing} missing"
+        ]
 
 
 def _with_bad(good, bad: tuple[str, ...], every: int) -> tuple[list[str], int]:
@@ -395,12 +438,29 @@ def _kill_group(child: subprocess.Popen) -> None:
     raise RuntimeError(f"processes of group {child.pid} still alive after SIGKILL")
 
 
-def main(root: str, kills: int = 3, count: int = 2_000, logins_count: int = 600, per_file: int = 250,
-         seed: int = 7, source: str = "files", shards: int = 4, rules: str | None = None) -> int:  # fmt: skip
+def main(
+    root: str,
+    kills: int = 3,
+    count: int = 2_000,
+    logins_count: int = 600,
+    per_file: int = 250,
+    seed: int = 7,
+    source: str = "files",
+    shards: int = 4,
+    rules: str | None = None,
+) -> int:
     from fraudrules.session import get_spark
 
-    demo = Demo(root=root, count=count, logins_count=logins_count, per_file=per_file, seed=seed, source=source,
-                shards=shards, rules_path=rules).prepare()  # fmt: skip
+    demo = Demo(
+        root=root,
+        count=count,
+        logins_count=logins_count,
+        per_file=per_file,
+        seed=seed,
+        source=source,
+        shards=shards,
+        rules_path=rules,
+    ).prepare()
     broker = None
     try:
         if source == "kafka":

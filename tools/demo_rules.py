@@ -16,9 +16,15 @@ from fraudrules.generator import RateWriter, Workload
 from fraudrules.session import get_spark
 
 RULE = {
-    "ruleId": 42, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
-    "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER", "limit": "300", "windowMinutes": 1,
-}  # fmt: skip
+    "ruleId": 42,
+    "ruleState": "ACTIVE",
+    "groupingKeyNames": ["payeeId"],
+    "aggregateFieldName": "paymentAmount",
+    "aggregatorFunctionType": "SUM",
+    "limitOperatorType": "GREATER",
+    "limit": "300",
+    "windowMinutes": 1,
+}
 STEPS = [
     ("add rule 42: SUM(paymentAmount) by payee over 1 min > 300", RULE),
     ("pause it", {**RULE, "ruleState": "PAUSE"}),
@@ -40,8 +46,7 @@ def main(data_dir: str, rate: float = 100.0, step_seconds: float = 12.0) -> int:
     cfg = JobConfig(data_dir=data_dir, shards=4)
     spark = get_spark("fraudrules-demo-rules")
     quiet = job.start(spark, cfg, printer=lambda line: line.startswith("[rules]") and print(line, flush=True))
-    writer = RateWriter(cfg.landing, Workload(count=10**9, payees=20, seed=5).transactions(), rate=rate,
-                        realtime=True)  # fmt: skip
+    writer = RateWriter(cfg.landing, Workload(count=10**9, payees=20, seed=5).transactions(), rate=rate, realtime=True)
     writer.start()
     try:
         time.sleep(step_seconds)

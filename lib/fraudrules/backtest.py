@@ -18,10 +18,24 @@ from fraudrules.rules.model import Rule
 from fraudrules.tables import to_json_line
 
 ALERT_FIELDS = (
-    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "userId", "key", "aggregate",
-    "aggregatorFunctionType", "aggregateFieldName", "limitOperatorType", "limit", "windowMinutes", "eventTimeMs",
-    "producedAtMs", "message", "details",
-)  # fmt: skip
+    "alertId",
+    "kind",
+    "ruleId",
+    "ruleVersion",
+    "transactionId",
+    "userId",
+    "key",
+    "aggregate",
+    "aggregatorFunctionType",
+    "aggregateFieldName",
+    "limitOperatorType",
+    "limit",
+    "windowMinutes",
+    "eventTimeMs",
+    "producedAtMs",
+    "message",
+    "details",
+)
 
 
 @dataclass
@@ -48,13 +62,18 @@ class BacktestResult:
         return "\n".join(lines)
 
 
-def run(spark: SparkSession, cfg: JobConfig, transactions: str | None, rules: list[Rule],
-        logins: str | None = None) -> BacktestResult:  # fmt: skip
+def run(
+    spark: SparkSession, cfg: JobConfig, transactions: str | None, rules: list[Rule], logins: str | None = None
+) -> BacktestResult:
     """Evaluate `rules` over JSON-lines files of transactions and/or logins into the tables under `cfg.data_dir`."""
     empty = os.path.join(cfg.data_dir, "landing", "none")
     os.makedirs(empty, exist_ok=True)
-    cfg = cfg.with_(transactions_source=os.path.abspath(transactions or empty), available_now=True,
-                    logins=logins is not None, logins_source=logins and os.path.abspath(logins))  # fmt: skip
+    cfg = cfg.with_(
+        transactions_source=os.path.abspath(transactions or empty),
+        available_now=True,
+        logins=logins is not None,
+        logins_source=logins and os.path.abspath(logins),
+    )
     tables.ensure(spark, cfg)
     store.upsert(spark, cfg, rules, author="backtest")
     started = time.time()

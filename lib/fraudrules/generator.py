@@ -109,8 +109,16 @@ class PacedWriter(threading.Thread):
     otherwise the workload's own event times are kept (benchmarks).
     """
 
-    def __init__(self, events: Iterator[dict], rate: float, tick_s: float = 0.1, realtime: bool = False,
-                 limit: int | None = None, time_field: str = "eventTime", name: str = "rate-writer"):  # fmt: skip
+    def __init__(
+        self,
+        events: Iterator[dict],
+        rate: float,
+        tick_s: float = 0.1,
+        realtime: bool = False,
+        limit: int | None = None,
+        time_field: str = "eventTime",
+        name: str = "rate-writer",
+    ):
         super().__init__(daemon=True, name=name)
         self.events, self.rate, self.tick_s = events, rate, tick_s
         self.realtime, self.limit, self.time_field = realtime, limit, time_field

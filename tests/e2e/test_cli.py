@@ -20,15 +20,30 @@ CLI = [sys.executable, "-m", "fraudrules.cli"]
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, input=stdin, timeout=600,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})  # fmt: skip
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=600,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
 
 
 @pytest.mark.e2e
 def test_backtest_cli_matches_the_reference(tmp_path):
     out = tmp_path / "alerts.jsonl"
-    res = run("backtest", "--transactions", str(FIXTURES / "transactions.jsonl"), "--rules",
-              str(FIXTURES / "rules.json"), "--out", str(out), "--data-dir", str(tmp_path / "work"))  # fmt: skip
+    res = run(
+        "backtest",
+        "--transactions",
+        str(FIXTURES / "transactions.jsonl"),
+        "--rules",
+        str(FIXTURES / "rules.json"),
+        "--out",
+        str(out),
+        "--data-dir",
+        str(tmp_path / "work"),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "transactions: 2000 valid, logins: 0 valid, 0 quarantined, 0 late" in res.stdout
     lines = out.read_text().splitlines()

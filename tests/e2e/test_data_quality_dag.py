@@ -21,6 +21,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM"),
 ]
 
+
 def _quality_reports(data_dir: Path) -> list[dict]:
     reports = sorted((data_dir / "dq" / "reports").glob("dq-*.json"), key=os.path.getmtime)
     return [json.loads(p.read_text()) for p in reports]
@@ -58,8 +59,11 @@ def test_quality_dag_passes_on_real_tables(backtest_data):
 
 def test_quality_dag_fails_naming_each_broken_invariant(backtest_data, tmp_path):
     corrupted = tmp_path / "corrupted"
-    done = last_json([str(JOB_PYTHON), "-m", "tests.support.dq_corrupt", str(backtest_data), str(corrupted)],
-                     cwd=str(REPO), env=job_env())  # fmt: skip
+    done = last_json(
+        [str(JOB_PYTHON), "-m", "tests.support.dq_corrupt", str(backtest_data), str(corrupted)],
+        cwd=str(REPO),
+        env=job_env(),
+    )
 
     out, log = dag_test("fraud_data_quality", {"data_dir": str(corrupted)})
     assert out["state"] == "failed"

@@ -34,30 +34,67 @@ pytestmark = [
 MIN = 60_000
 
 RULES = [
-    {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId", "beneficiaryId"],
-     "aggregateFieldName": "paymentAmount", "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER",
-     "limit": "20000", "windowMinutes": 2},
-    {"ruleId": 2, "ruleState": "ACTIVE", "groupingKeyNames": ["beneficiaryId"], "aggregateFieldName": "COUNT_FLINK",
-     "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER_EQUAL", "limit": "4", "windowMinutes": 1},
-    {"ruleId": 3, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
-     "aggregatorFunctionType": "AVG", "limitOperatorType": "GREATER", "limit": "3000", "windowMinutes": 3},
-]  # fmt: skip
+    {
+        "ruleId": 1,
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["payeeId", "beneficiaryId"],
+        "aggregateFieldName": "paymentAmount",
+        "aggregatorFunctionType": "SUM",
+        "limitOperatorType": "GREATER",
+        "limit": "20000",
+        "windowMinutes": 2,
+    },
+    {
+        "ruleId": 2,
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["beneficiaryId"],
+        "aggregateFieldName": "COUNT_FLINK",
+        "aggregatorFunctionType": "SUM",
+        "limitOperatorType": "GREATER_EQUAL",
+        "limit": "4",
+        "windowMinutes": 1,
+    },
+    {
+        "ruleId": 3,
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["payeeId"],
+        "aggregateFieldName": "paymentAmount",
+        "aggregatorFunctionType": "AVG",
+        "limitOperatorType": "GREATER",
+        "limit": "3000",
+        "windowMinutes": 3,
+    },
+]
 
 # (record, reason): one per bad-input class
 BAD = [
     ("{not json", "malformed JSON: not a JSON object"),
     ("", "malformed JSON: not a JSON object"),
-    ('{"transactionId": 9001, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, "paymentType": "CSH"}',
-     "missing paymentAmount"),
-    ('{"transactionId": 9002, "eventTime": 1700000001000, "payeeId": "x1", "beneficiaryId": 2, '
-     '"paymentAmount": "1.00", "paymentType": "CSH"}', "payeeId is not an integer"),
-    ('{"transactionId": 9003, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, '
-     '"paymentAmount": "1.00", "paymentType": "BTC"}', "unknown paymentType (expected CSH or CRD)"),
-    ('{"transactionId": 9004, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, '
-     '"paymentAmount": "lots", "paymentType": "CRD"}', "paymentAmount is not a number"),
-    ('{"transactionId": 9005, "eventTime": 99999999999999999, "payeeId": 1, "beneficiaryId": 2, '
-     '"paymentAmount": "1.00", "paymentType": "CRD"}', "eventTime out of range"),
-]  # fmt: skip
+    (
+        '{"transactionId": 9001, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, "paymentType": "CSH"}',
+        "missing paymentAmount",
+    ),
+    (
+        '{"transactionId": 9002, "eventTime": 1700000001000, "payeeId": "x1", "beneficiaryId": 2, '
+        '"paymentAmount": "1.00", "paymentType": "CSH"}',
+        "payeeId is not an integer",
+    ),
+    (
+        '{"transactionId": 9003, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, '
+        '"paymentAmount": "1.00", "paymentType": "BTC"}',
+        "unknown paymentType (expected CSH or CRD)",
+    ),
+    (
+        '{"transactionId": 9004, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, '
+        '"paymentAmount": "lots", "paymentType": "CRD"}',
+        "paymentAmount is not a number",
+    ),
+    (
+        '{"transactionId": 9005, "eventTime": 99999999999999999, "payeeId": 1, "beneficiaryId": 2, '
+        '"paymentAmount": "1.00", "paymentType": "CRD"}',
+        "eventTime out of range",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +113,19 @@ def _topics(kafka, *names: str, partitions: int = 1) -> list[str]:
 
 def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
     tx_topic, rules_topic, alerts_topic = _topics(kafka, "transactions", "rules", "alerts")
-    cfg = JobConfig(data_dir=str(tmp_path), shards=4, source="kafka", kafka_bootstrap=kafka.bootstrap,
-                    kafka_transactions_topic=tx_topic, kafka_rules_topic=rules_topic, kafka_alerts_topic=alerts_topic,
-                    max_offsets_per_trigger=250)  # fmt: skip
-    good = list(Workload(count=700, payees=15, beneficiaries=8, events_per_second=5, seed=3,
-                         burst_every=150).transactions())  # fmt: skip
+    cfg = JobConfig(
+        data_dir=str(tmp_path),
+        shards=4,
+        source="kafka",
+        kafka_bootstrap=kafka.bootstrap,
+        kafka_transactions_topic=tx_topic,
+        kafka_rules_topic=rules_topic,
+        kafka_alerts_topic=alerts_topic,
+        max_offsets_per_trigger=250,
+    )
+    good = list(
+        Workload(count=700, payees=15, beneficiaries=8, events_per_second=5, seed=3, burst_every=150).transactions()
+    )
     records: list[str] = []
     bad_at: dict[int, str] = {}  # offset -> expected reason
     for i, tx in enumerate(good):
@@ -143,8 +188,14 @@ def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
 def test_a_10x_burst_is_absorbed_in_bounded_batches(spark, kafka, tmp_path):
     (tx_topic,) = _topics(kafka, "burst", partitions=2)
     steady, cap = 50, 100  # the bound is 2× the steady rate; the burst is 10× it
-    cfg = JobConfig(data_dir=str(tmp_path), shards=4, source="kafka", kafka_bootstrap=kafka.bootstrap,
-                    kafka_transactions_topic=tx_topic, max_offsets_per_trigger=cap)  # fmt: skip
+    cfg = JobConfig(
+        data_dir=str(tmp_path),
+        shards=4,
+        source="kafka",
+        kafka_bootstrap=kafka.bootstrap,
+        kafka_transactions_topic=tx_topic,
+        max_offsets_per_trigger=cap,
+    )
     txs = [json.dumps(t) for t in Workload(count=11 * steady, payees=50, beneficiaries=20, seed=9).transactions()]
     tables.ensure(spark, cfg)
     store.upsert(spark, cfg, [parse_rule(RULES[1])], author="test")

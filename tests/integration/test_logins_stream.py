@@ -51,7 +51,9 @@ def test_seed_scenarios_late_events_and_cleanup(spark, tmp_path):
     late = stream.table("late_events").collect()
     assert [(x.kind, x.userId, x.eventTimeMs) for x in late] == [("login", 1, 500)]
     assert sorted(r.reason.split(" (")[0] for r in stream.table("quarantine").collect()) == [
-        "malformed JSON: not a JSON object", "unknown eventType"]  # fmt: skip
+        "malformed JSON: not a JSON object",
+        "unknown eventType",
+    ]
     assert sequences.empty
     assert stream.table("logins").count() == 10  # every valid record is in bronze, late ones included
 
@@ -70,6 +72,7 @@ def test_random_streams_match_the_reference(spark, tmp_path):
             stream.feed_logins(b)
     finally:
         stream.stop()
-    got = {(a.userId, a.eventTimeMs): (int(a.aggregate), json.loads(a.details)["failedIps"])
-           for a in stream.alert_rows()}  # fmt: skip
+    got = {
+        (a.userId, a.eventTimeMs): (int(a.aggregate), json.loads(a.details)["failedIps"]) for a in stream.alert_rows()
+    }
     assert got == expected and len(expected) >= 3

@@ -16,14 +16,28 @@ pytestmark = pytest.mark.spark
 
 
 def count_rule(rid=1, limit=2, state="ACTIVE", **kw):
-    return {"ruleId": rid, "ruleState": state, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "COUNT_FLINK",
-            "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER_EQUAL", "limit": limit,
-            "windowMinutes": 60, **kw}  # fmt: skip
+    return {
+        "ruleId": rid,
+        "ruleState": state,
+        "groupingKeyNames": ["payeeId"],
+        "aggregateFieldName": "COUNT_FLINK",
+        "aggregatorFunctionType": "SUM",
+        "limitOperatorType": "GREATER_EQUAL",
+        "limit": limit,
+        "windowMinutes": 60,
+        **kw,
+    }
 
 
 def txn(i, payee=1, ptype="CSH"):
-    return {"transactionId": i, "eventTime": 1_000 * i, "payeeId": payee, "beneficiaryId": 1,
-            "paymentAmount": "5.00", "paymentType": ptype}  # fmt: skip
+    return {
+        "transactionId": i,
+        "eventTime": 1_000 * i,
+        "payeeId": payee,
+        "beneficiaryId": 1,
+        "paymentAmount": "5.00",
+        "paymentType": ptype,
+    }
 
 
 def alerted(stream):
@@ -50,8 +64,7 @@ def test_add_pause_activate_change_delete_mid_stream(spark, tmp_path):
     finally:
         stream.stop()
     assert alerted(stream) == {(1, 3, 1), (1, 6, 3), (1, 7, 4)}
-    assert [h["change"] for h in store.history(spark, stream.cfg, 1)] == [
-        "create", "state", "state", "update", "state"]  # fmt: skip
+    assert [h["change"] for h in store.history(spark, stream.cfg, 1)] == ["create", "state", "state", "update", "state"]
     assert {(1, 1), (1, 3), (1, 4)} <= applied
     delays = [r.delayMs for r in stream.table("rule_applied").collect()]
     assert all(d is not None and d >= 0 for d in delays)
@@ -86,15 +99,17 @@ def test_rules_survive_restart_and_control_commands_work_on_a_running_job(spark,
 def test_invalid_rules_in_the_stream_go_to_rule_errors_and_valid_ones_apply(spark, tmp_path):
     stream = FileStream(spark, str(tmp_path), []).start()
     try:
-        stream.change_rules([
-            count_rule(1),
-            count_rule(2, windowMinutes=0),
-            count_rule(3, aggregateFieldName="paymentType"),
-            count_rule(4, filter=[{"field": "colour", "op": "EQ", "value": "red"}]),
-            count_rule(5, groupingKeyNames=["shoeSize"]),
-            count_rule(6, aggregatorFunctionType="MEDIAN"),
-            {k: v for k, v in count_rule(7).items() if k != "limit"},
-        ])  # fmt: skip
+        stream.change_rules(
+            [
+                count_rule(1),
+                count_rule(2, windowMinutes=0),
+                count_rule(3, aggregateFieldName="paymentType"),
+                count_rule(4, filter=[{"field": "colour", "op": "EQ", "value": "red"}]),
+                count_rule(5, groupingKeyNames=["shoeSize"]),
+                count_rule(6, aggregatorFunctionType="MEDIAN"),
+                {k: v for k, v in count_rule(7).items() if k != "limit"},
+            ]
+        )
         stream.change_rules("{this is not json")
         stream.feed([txn(1), txn(2)])
         errors = {r.ruleId: r.reason for r in stream.table("rule_errors").collect()}
@@ -112,8 +127,9 @@ def test_invalid_rules_in_the_stream_go_to_rule_errors_and_valid_ones_apply(spar
 
 
 def test_filters_and_distinct_counts_in_the_stream(spark, tmp_path):
-    distinct = count_rule(1, limit=3, unique=["beneficiaryId"], filter=[{"field": "paymentType", "op": "EQ",
-                                                                          "value": "CSH"}])  # fmt: skip
+    distinct = count_rule(
+        1, limit=3, unique=["beneficiaryId"], filter=[{"field": "paymentType", "op": "EQ", "value": "CSH"}]
+    )
     stream = FileStream(spark, str(tmp_path), []).start()
     try:
         stream.change_rules([distinct])

@@ -27,13 +27,25 @@ def keyed_frame(batch: list[dict], rules: list[Rule], batch_no: int, shards: int
             key = json.dumps({n: str(tx.get(n)) for n in r.grouping_key_names})
             val = 0 if r.field in COUNT_FIELDS else int(Decimal(str(tx[r.field])) * 10**r.scale)
             uniq = zlib.crc32(json.dumps([str(tx.get(f)) for f in r.unique]).encode()) if r.unique else 0
-            rows.append({
-                "shard": zlib.crc32(f"{r.rule_id}|{key}".encode()) % shards,
-                "transactionId": tx["transactionId"], "eventTime": tx["eventTime"],
-                "ingestionTimestamp": tx.get("ingestionTimestamp", -1), "srcTime": batch_no,
-                "srcId": 0, "srcPos": pos, "ruleId": r.rule_id, "sig": r.sig,
-                "spec": encode_spec(r), "key": key, "val": val, "uniq": uniq, "active": active_set, "epoch": 0,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "shard": zlib.crc32(f"{r.rule_id}|{key}".encode()) % shards,
+                    "transactionId": tx["transactionId"],
+                    "eventTime": tx["eventTime"],
+                    "ingestionTimestamp": tx.get("ingestionTimestamp", -1),
+                    "srcTime": batch_no,
+                    "srcId": 0,
+                    "srcPos": pos,
+                    "ruleId": r.rule_id,
+                    "sig": r.sig,
+                    "spec": encode_spec(r),
+                    "key": key,
+                    "val": val,
+                    "uniq": uniq,
+                    "active": active_set,
+                    "epoch": 0,
+                }
+            )
     return pd.DataFrame(rows, columns=list(KEYED_COLUMNS))
 
 
@@ -100,8 +112,16 @@ class Engine:
 
 def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw) -> Rule:
     """A window rule from keyword arguments (the demo's JSON field names underneath)."""
-    return parse_rule({
-        "ruleId": rid, "ruleState": kw.pop("state", "ACTIVE"), "groupingKeyNames": list(keys),
-        "aggregateFieldName": field, "aggregatorFunctionType": agg, "limitOperatorType": op,
-        "limit": limit, "windowMinutes": window, **kw,
-    })  # fmt: skip
+    return parse_rule(
+        {
+            "ruleId": rid,
+            "ruleState": kw.pop("state", "ACTIVE"),
+            "groupingKeyNames": list(keys),
+            "aggregateFieldName": field,
+            "aggregatorFunctionType": agg,
+            "limitOperatorType": op,
+            "limit": limit,
+            "windowMinutes": window,
+            **kw,
+        }
+    )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def run(batches: list[list[dict]], min_failures: int = 3, min_ips: int = 2, window_ms: int = 600_000,
-        lateness_ms: int = 0):  # fmt: skip
+def run(
+    batches: list[list[dict]], min_failures: int = 3, min_ips: int = 2, window_ms: int = 600_000, lateness_ms: int = 0
+):
     """Alerts {(userId, eventTimestamp of the success): (failures, sorted failed IPs)} and late events."""
     open_seq: dict[int, tuple[int, list[str]]] = {}
     alerts: dict[tuple[int, int], tuple[int, list[str]]] = {}

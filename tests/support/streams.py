@@ -17,8 +17,9 @@ from fraudrules.rules.model import Rule
 class FileStream:
     """A running job whose landing folder the test fills one file (= one micro-batch) at a time."""
 
-    def __init__(self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4,
-                 logins: bool = False):  # fmt: skip
+    def __init__(
+        self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4, logins: bool = False
+    ):
         self.spark = spark
         self.cfg = JobConfig(data_dir=data_dir, shards=shards, lateness_ms=lateness_ms, logins=logins)
         os.makedirs(self.cfg.landing, exist_ok=True)

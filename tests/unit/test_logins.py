@@ -45,8 +45,14 @@ def alerts(out):
 
 def test_three_failures_then_success_from_new_ip_alerts_once():
     d = Detector()
-    out = d.feed([ev(1, "FAIL", "1.1.1.1", 1000), ev(1, "FAIL", "2.2.2.2", 2000), ev(1, "FAIL", "3.3.3.3", 3000),
-                  ev(1, "SUCCESS", "9.9.9.9", 4000)])  # fmt: skip
+    out = d.feed(
+        [
+            ev(1, "FAIL", "1.1.1.1", 1000),
+            ev(1, "FAIL", "2.2.2.2", 2000),
+            ev(1, "FAIL", "3.3.3.3", 3000),
+            ev(1, "SUCCESS", "9.9.9.9", 4000),
+        ]
+    )
     [(user, t, details)] = alerts(out)
     assert (user, t) == (1, 4000)
     assert details["failedIps"] == ["1.1.1.1", "2.2.2.2", "3.3.3.3"] and details["failures"] == 3
@@ -75,22 +81,39 @@ def test_late_event_goes_to_the_side_output():
 
 def test_success_from_a_failed_ip_or_single_ip_does_not_alert():
     d = Detector()
-    out = d.feed([ev(1, "FAIL", "1.1.1.1", 1), ev(1, "FAIL", "2.2.2.2", 2), ev(1, "FAIL", "2.2.2.2", 3),
-                  ev(1, "SUCCESS", "2.2.2.2", 4),
-                  ev(2, "FAIL", "7.7.7.7", 1), ev(2, "FAIL", "7.7.7.7", 2), ev(2, "FAIL", "7.7.7.7", 3),
-                  ev(2, "SUCCESS", "8.8.8.8", 4)])  # fmt: skip
+    out = d.feed(
+        [
+            ev(1, "FAIL", "1.1.1.1", 1),
+            ev(1, "FAIL", "2.2.2.2", 2),
+            ev(1, "FAIL", "2.2.2.2", 3),
+            ev(1, "SUCCESS", "2.2.2.2", 4),
+            ev(2, "FAIL", "7.7.7.7", 1),
+            ev(2, "FAIL", "7.7.7.7", 2),
+            ev(2, "FAIL", "7.7.7.7", 3),
+            ev(2, "SUCCESS", "8.8.8.8", 4),
+        ]
+    )
     assert alerts(out) == [] and d.state == {}
 
 
 def test_expiry_boundary_is_inclusive_and_a_second_sequence_starts_after_it():
     d = Detector()
-    at_edge = d.feed([ev(1, "FAIL", "a", 0 + 1), ev(1, "FAIL", "b", 2), ev(1, "FAIL", "c", 3),
-                      ev(1, "SUCCESS", "z", 1 + W)])  # fmt: skip
+    at_edge = d.feed(
+        [ev(1, "FAIL", "a", 0 + 1), ev(1, "FAIL", "b", 2), ev(1, "FAIL", "c", 3), ev(1, "SUCCESS", "z", 1 + W)]
+    )
     assert [(u, t) for u, t, _ in alerts(at_edge)] == [(1, 1 + W)]
     d2 = Detector()
-    out = d2.feed([ev(1, "FAIL", "a", 1), ev(1, "FAIL", "b", 2), ev(1, "FAIL", "c", 3),
-                   ev(1, "FAIL", "d", 2 + W),  # after the first sequence: a new one opens here
-                   ev(1, "FAIL", "e", 3 + W), ev(1, "FAIL", "f", 4 + W), ev(1, "SUCCESS", "z", 5 + W)])  # fmt: skip
+    out = d2.feed(
+        [
+            ev(1, "FAIL", "a", 1),
+            ev(1, "FAIL", "b", 2),
+            ev(1, "FAIL", "c", 3),
+            ev(1, "FAIL", "d", 2 + W),  # after the first sequence: a new one opens here
+            ev(1, "FAIL", "e", 3 + W),
+            ev(1, "FAIL", "f", 4 + W),
+            ev(1, "SUCCESS", "z", 5 + W),
+        ]
+    )
     [(_u, _t, details)] = alerts(out)
     assert details["failedIps"] == ["d", "e", "f"] and details["sequenceStart"] == 2 + W
 
@@ -99,8 +122,15 @@ def test_expiry_boundary_is_inclusive_and_a_second_sequence_starts_after_it():
 def login_streams(draw):
     n = draw(st.integers(1, 80))
     times = sorted(draw(st.lists(st.integers(0, 40 * MIN), min_size=n, max_size=n)))
-    events = [ev(draw(st.integers(1, 3)), draw(st.sampled_from(["FAIL", "FAIL", "SUCCESS"])),
-                 draw(st.sampled_from(["a", "b", "c", "d"])), t) for t in times]  # fmt: skip
+    events = [
+        ev(
+            draw(st.integers(1, 3)),
+            draw(st.sampled_from(["FAIL", "FAIL", "SUCCESS"])),
+            draw(st.sampled_from(["a", "b", "c", "d"])),
+            t,
+        )
+        for t in times
+    ]
     cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4))))
     return [events[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True) if events[a:b]]
 

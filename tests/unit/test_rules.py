@@ -10,9 +10,15 @@ import pytest
 from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
 
 BASE = {
-    "ruleId": 7, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
-    "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER", "limit": "100.5", "windowMinutes": 10,
-}  # fmt: skip
+    "ruleId": 7,
+    "ruleState": "ACTIVE",
+    "groupingKeyNames": ["payeeId"],
+    "aggregateFieldName": "paymentAmount",
+    "aggregatorFunctionType": "SUM",
+    "limitOperatorType": "GREATER",
+    "limit": "100.5",
+    "windowMinutes": 10,
+}
 
 
 @pytest.mark.parametrize(
@@ -58,7 +64,14 @@ def test_malformed_json_and_partial_validity():
 def test_control_commands_and_filters_parse():
     control = parse_rule({"ruleId": 0, "ruleState": "CONTROL", "controlType": "CLEAR_STATE_ALL"})
     assert control.control_type == "CLEAR_STATE_ALL"
-    rule = parse_rule({**BASE, "filter": [{"field": "paymentType", "op": "IN", "values": ["CSH"]},
-                                          {"field": "paymentAmount", "op": "GE", "value": 10}],
-                       "unique": ["beneficiaryId"]})  # fmt: skip
+    rule = parse_rule(
+        {
+            **BASE,
+            "filter": [
+                {"field": "paymentType", "op": "IN", "values": ["CSH"]},
+                {"field": "paymentAmount", "op": "GE", "value": 10},
+            ],
+            "unique": ["beneficiaryId"],
+        }
+    )
     assert [c.op for c in rule.filter] == ["IN", "GE"] and rule.unique == ("beneficiaryId",)

@@ -91,10 +91,23 @@ def test_avg_is_exact_sum_over_count():
 
 
 def test_distinct_count_with_filter():
-    r = rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit=3, window=10, unique=["beneficiaryId"],
-             filter=[{"field": "paymentType", "op": "EQ", "value": "CSH"}])  # fmt: skip
-    batch = [tx(1, 1, ben=1), tx(2, 2, ben=2), tx(3, 3, ben=2), tx(4, 4, ben=9, ptype="CRD"), tx(5, 5, ben=3),
-             tx(6, 6, ben=1)]  # fmt: skip
+    r = rule(
+        1,
+        field="COUNT_FLINK",
+        op="GREATER_EQUAL",
+        limit=3,
+        window=10,
+        unique=["beneficiaryId"],
+        filter=[{"field": "paymentType", "op": "EQ", "value": "CSH"}],
+    )
+    batch = [
+        tx(1, 1, ben=1),
+        tx(2, 2, ben=2),
+        tx(3, 3, ben=2),
+        tx(4, 4, ben=9, ptype="CRD"),
+        tx(5, 5, ben=3),
+        tx(6, 6, ben=1),
+    ]
     alerts, _ = alerts_of([batch], [r])
     assert alerts == {(1, 5): Decimal(3), (1, 6): Decimal(3)}
 

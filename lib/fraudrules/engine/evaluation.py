@@ -19,9 +19,22 @@ from fraudrules.rules.model import Rule
 # Columns the keyed stream carries into the stateful stage, in order. Kept narrow on purpose: every
 # byte per row is shuffled, sorted and shipped to Python.
 KEYED_COLUMNS = (
-    "shard", "transactionId", "eventTime", "ingestionTimestamp", "srcTime", "srcId", "srcPos",
-    "ruleId", "sig", "spec", "key", "val", "uniq", "active", "epoch",
-)  # fmt: skip
+    "shard",
+    "transactionId",
+    "eventTime",
+    "ingestionTimestamp",
+    "srcTime",
+    "srcId",
+    "srcPos",
+    "ruleId",
+    "sig",
+    "spec",
+    "key",
+    "val",
+    "uniq",
+    "active",
+    "epoch",
+)
 OUTPUT_SCHEMA = (
     "kind string, shard int, ruleId long, ruleVersion long, transactionId long, eventTime long, "
     "ingestionTimestamp long, key string, aggregate string, watermark long, producedAt long, reason string"
@@ -138,12 +151,22 @@ def step(
     lates = _event_rows(batch[late], kind="late", reason=LATE_REASON, **common)
     # one row per rule version evaluated here: its event count (aggregate) and time, for the rule-apply delay
     seen = live.groupby(["ruleId", "ruleVersion"]).size().reset_index(name="n")
-    applied = pd.DataFrame({
-        "kind": "rule", "shard": shard, "ruleId": seen["ruleId"].to_numpy(np.int64),
-        "ruleVersion": seen["ruleVersion"].to_numpy(np.int64), "transactionId": None, "eventTime": None,
-        "ingestionTimestamp": None, "key": None, "aggregate": seen["n"].astype(str).to_numpy(object),
-        "watermark": watermark, "producedAt": now_ms, "reason": None,
-    })  # fmt: skip
+    applied = pd.DataFrame(
+        {
+            "kind": "rule",
+            "shard": shard,
+            "ruleId": seen["ruleId"].to_numpy(np.int64),
+            "ruleVersion": seen["ruleVersion"].to_numpy(np.int64),
+            "transactionId": None,
+            "eventTime": None,
+            "ingestionTimestamp": None,
+            "key": None,
+            "aggregate": seen["n"].astype(str).to_numpy(object),
+            "watermark": watermark,
+            "producedAt": now_ms,
+            "reason": None,
+        }
+    )
     output = typed(pd.concat([alerts, lates, applied], ignore_index=True), OUTPUT_SCHEMA)
     return StepResult(output, result.state, meta, next_expiry(result.state, active))
 

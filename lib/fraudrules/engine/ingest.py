@@ -68,9 +68,11 @@ def parse(raw: DataFrame) -> DataFrame:
         (F.abs("amount10") >= F.lit(10**18), "paymentAmount out of range"),
         (~F.col("paymentType").isin(*PAYMENT_TYPES), "unknown paymentType (expected CSH or CRD)"),
         ((F.col("eventTime") < 0) | (F.col("eventTime") > MAX_EVENT_TIME_MS), "eventTime out of range"),
-        (j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
-         "ingestionTimestamp is not an integer"),
-    ]  # fmt: skip
+        (
+            j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
+            "ingestionTimestamp is not an integer",
+        ),
+    ]
     return typed.select(
         "*",
         F.expr("try_cast(amount10 AS DECIMAL(20,2))").alias("paymentAmount"),
@@ -94,11 +96,14 @@ def parse_logins(raw: DataFrame) -> DataFrame:
     """Typed login events plus `error` (null when valid)."""
     df = _with_json(raw, LOGIN_SCHEMA)
     typed = df.select(
-        *RAW_COLUMNS, "j",
-        _long("userId").alias("userId"), F.col("j.eventType").alias("eventType"),
-        F.trim("j.ipAddress").alias("ipAddress"), _long("eventTimestamp").alias("eventTimestamp"),
+        *RAW_COLUMNS,
+        "j",
+        _long("userId").alias("userId"),
+        F.col("j.eventType").alias("eventType"),
+        F.trim("j.ipAddress").alias("ipAddress"),
+        _long("eventTimestamp").alias("eventTimestamp"),
         _long("ingestionTimestamp").alias("ingestionTimestamp"),
-    )  # fmt: skip
+    )
     j = F.col("j")
     checks = [(_not_object(j), "malformed JSON: not a JSON object")]
     checks += [(j[n].isNull(), f"missing {n}") for n in ("userId", "eventType", "ipAddress", "eventTimestamp")]
@@ -108,9 +113,11 @@ def parse_logins(raw: DataFrame) -> DataFrame:
         (~F.col("eventType").isin(*EVENT_TYPES), "unknown eventType (expected FAIL or SUCCESS)"),
         (F.col("ipAddress") == "", "empty ipAddress"),
         ((F.col("eventTimestamp") < 0) | (F.col("eventTimestamp") > MAX_EVENT_TIME_MS), "eventTimestamp out of range"),
-        (j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
-         "ingestionTimestamp is not an integer"),
-    ]  # fmt: skip
+        (
+            j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
+            "ingestionTimestamp is not an integer",
+        ),
+    ]
     return typed.withColumn("error", _reason(checks)).drop("j")
 
 

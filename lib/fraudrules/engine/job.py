@@ -101,12 +101,14 @@ def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFr
     """Login records → detector rules fan-out → per-user sequences: the login processor's output rows."""
     events = watermarked(ingest.valid(ingest.parse_logins(raw)), "eventTimestamp", cfg.lateness_ms)
     keyed = keying.key_logins(events, keying.active_login_rules(spark, cfg), cfg.shards)
-    return keyed.groupBy("shard").transformWithStateInPandas(LoginProcessor(), LOGIN_OUTPUT_SCHEMA, "append",
-                                                             "EventTime")  # fmt: skip
+    return keyed.groupBy("shard").transformWithStateInPandas(
+        LoginProcessor(), LOGIN_OUTPUT_SCHEMA, "append", "EventTime"
+    )
 
 
-def query(spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print,
-          raw: DataFrame | None = None) -> tuple[DataFrame, Callable[[DataFrame, int], None]]:  # fmt: skip
+def query(
+    spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print, raw: DataFrame | None = None
+) -> tuple[DataFrame, Callable[[DataFrame, int], None]]:
     """The named query's streaming DataFrame and its foreachBatch sink (`raw`: the transactions source)."""
     if name == RULES_QUERY:
         return rule_changes(spark, cfg), RuleChangeSink(cfg, printer)

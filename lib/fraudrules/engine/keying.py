@@ -90,9 +90,16 @@ def active_login_rules(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 
 def key_logins(logins: DataFrame, rules: DataFrame, shards: int) -> DataFrame:
     """Login events fanned out to the ACTIVE detector rules, sharded by (rule, user)."""
-    keyed = logins.crossJoin(F.broadcast(rules)).select(
-        "*", F.col("version").alias("ruleVersion"), F.xxhash64("srcName").alias("srcId"),
-        F.col("ruleId").cast("long").alias("ruleIdL"),
-    ).drop("ruleId").withColumnRenamed("ruleIdL", "ruleId")  # fmt: skip
+    keyed = (
+        logins.crossJoin(F.broadcast(rules))
+        .select(
+            "*",
+            F.col("version").alias("ruleVersion"),
+            F.xxhash64("srcName").alias("srcId"),
+            F.col("ruleId").cast("long").alias("ruleIdL"),
+        )
+        .drop("ruleId")
+        .withColumnRenamed("ruleIdL", "ruleId")
+    )
     keyed = keyed.withColumn("shard", F.pmod(F.xxhash64("ruleId", "userId"), F.lit(shards)).cast("int"))
     return keyed.select(*LOGIN_COLUMNS)

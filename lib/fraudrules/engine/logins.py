@@ -21,9 +21,22 @@ from fraudrules.engine.evaluation import LATE_REASON, typed
 from fraudrules.rules.codec import decode_active_logins
 
 LOGIN_COLUMNS = (
-    "shard", "userId", "eventType", "ipAddress", "eventTimestamp", "ingestionTimestamp", "srcTime", "srcId", "srcPos",
-    "ruleId", "ruleVersion", "minFailures", "minDistinctIps", "windowMs", "active",
-)  # fmt: skip
+    "shard",
+    "userId",
+    "eventType",
+    "ipAddress",
+    "eventTimestamp",
+    "ingestionTimestamp",
+    "srcTime",
+    "srcId",
+    "srcPos",
+    "ruleId",
+    "ruleVersion",
+    "minFailures",
+    "minDistinctIps",
+    "windowMs",
+    "active",
+)
 LOGIN_OUTPUT_SCHEMA = (
     "kind string, shard int, ruleId long, ruleVersion long, userId long, eventTime long, ingestionTimestamp long, "
     "key string, aggregate string, watermark long, producedAt long, reason string, details string, message string"
@@ -40,6 +53,23 @@ class Sequence:
 State = dict[tuple[int, int], Sequence]  # (ruleId, userId) -> open sequence
 
 
+def _alert(seq: Sequence, distinct: list[str], user: int, ip: str, t: int) -> dict:
+    """The alert columns of a success from new IP `ip` at `t` closing `seq` (failed from `distinct` IPs)."""
+    details = {
+        "failures": len(seq.ips),
+        "distinctIps": len(distinct),
+        "failedIps": distinct,
+        "successIp": ip,
+        "sequenceStart": seq.start,
+        "sequenceEnd": t,
+    }
+    message = (
+        f"user {user}: {len(seq.ips)} failed logins from {len(distinct)} IPs ({', '.join(distinct)}) "
+        f"then a success from new IP {ip} within {(t - seq.start) / 1000:.0f} s"
+    )
+    return {"kind": "alert", "aggregate": str(len(seq.ips)), "details": json.dumps(details), "message": message}
+
+
 def expire(state: State, windows: dict[int, int], watermark: int) -> State:
     """Drop sequences whose window the watermark has passed, and those of rules no longer ACTIVE."""
     return {k: s for k, s in state.items() if k[0] in windows and s.start + windows[k[0]] >= watermark}
@@ -49,8 +79,9 @@ def next_expiry(state: State, windows: dict[int, int]) -> int:
     return min((s.start + windows[k[0]] + 1 for k, s in state.items()), default=-1)
 
 
-def step(batch: pd.DataFrame, state: State, watermark: int, shard: int, now_ms: int | None = None
-         ) -> tuple[pd.DataFrame, State, dict[int, int]]:  # fmt: skip
+def step(
+    batch: pd.DataFrame, state: State, watermark: int, shard: int, now_ms: int | None = None
+) -> tuple[pd.DataFrame, State, dict[int, int]]:
     """One shard's login events of one micro-batch: (output rows, next state, active windows)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     batch = batch.sort_values(["eventTimestamp", "srcTime", "srcId", "srcPos", "ruleId"], kind="stable")
@@ -58,9 +89,17 @@ def step(batch: pd.DataFrame, state: State, watermark: int, shard: int, now_ms: 
     state = {k: s for k, s in state.items() if k[0] in windows}
     out: list[dict] = []
     for ev in batch.itertuples(index=False):
-        base = {"shard": shard, "ruleId": ev.ruleId, "ruleVersion": ev.ruleVersion, "userId": ev.userId,
-                "eventTime": ev.eventTimestamp, "ingestionTimestamp": ev.ingestionTimestamp,
-                "key": f'{{"userId":"{ev.userId}"}}', "watermark": watermark, "producedAt": now_ms}  # fmt: skip
+        base = {
+            "shard": shard,
+            "ruleId": ev.ruleId,
+            "ruleVersion": ev.ruleVersion,
+            "userId": ev.userId,
+            "eventTime": ev.eventTimestamp,
+            "ingestionTimestamp": ev.ingestionTimestamp,
+            "key": f'{{"userId":"{ev.userId}"}}',
+            "watermark": watermark,
+            "producedAt": now_ms,
+        }
         t = int(ev.eventTimestamp)
         if watermark > 0 and t < watermark:
             out.append({**base, "kind": "late", "reason": LATE_REASON})
@@ -76,13 +115,7 @@ def step(batch: pd.DataFrame, state: State, watermark: int, shard: int, now_ms: 
         elif is_open:  # SUCCESS inside an open sequence: decide, then close it
             distinct = sorted(set(seq.ips))
             if len(seq.ips) >= ev.minFailures and len(distinct) >= ev.minDistinctIps and ev.ipAddress not in distinct:
-                out.append({**base, "kind": "alert", "aggregate": str(len(seq.ips)),
-                            "details": json.dumps({"failures": len(seq.ips), "distinctIps": len(distinct),
-                                                   "failedIps": distinct, "successIp": ev.ipAddress,
-                                                   "sequenceStart": seq.start, "sequenceEnd": t}),
-                            "message": f"user {ev.userId}: {len(seq.ips)} failed logins from {len(distinct)} IPs "
-                                       f"({', '.join(distinct)}) then a success from new IP {ev.ipAddress} "
-                                       f"within {(t - seq.start) / 1000:.0f} s"})  # fmt: skip
+                out.append({**base, **_alert(seq, distinct, ev.userId, ev.ipAddress, t)})
             del state[k]
     frame = typed(pd.DataFrame(out, columns=list(LOGIN_OUTPUT_COLUMNS)), LOGIN_OUTPUT_SCHEMA)
     return frame, expire(state, windows, watermark), windows

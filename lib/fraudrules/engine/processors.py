@@ -126,8 +126,9 @@ class LoginProcessor(StatefulProcessor):
         if len(out):
             yield out
 
-    def handleExpiredTimer(self, key, timerValues: TimerValues,
-                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:  # fmt: skip
+    def handleExpiredTimer(
+        self, key, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
         state, windows, _timer = self._load()
         self._save(logins.expire(state, windows, timerValues.getCurrentWatermarkInMs()), windows, -1)
         yield pd.DataFrame(columns=list(LOGIN_OUTPUT_COLUMNS))

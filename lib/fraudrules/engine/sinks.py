@@ -34,13 +34,22 @@ def write_bronze(parsed: DataFrame, cfg: JobConfig, batch_id: int, app_id: str, 
         }
         now = F.current_timestamp()
         if counts.get(False):
-            tables.append(valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
-                          cfg, bronze, f"{app_id}-bronze", batch_id)  # fmt: skip
+            tables.append(
+                valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
+                cfg,
+                bronze,
+                f"{app_id}-bronze",
+                batch_id,
+            )
         if counts.get(True):
             bad = parsed.where(F.col("error").isNotNull()).select(
-                F.lit(kind).alias("kind"), F.col("value").alias("raw"), F.col("error").alias("reason"),
-                "srcName", "srcPos", now.alias("quarantinedAt"),
-            )  # fmt: skip
+                F.lit(kind).alias("kind"),
+                F.col("value").alias("raw"),
+                F.col("error").alias("reason"),
+                "srcName",
+                "srcPos",
+                now.alias("quarantinedAt"),
+            )
             tables.append(bad, cfg, "quarantine", f"{app_id}-quarantine", batch_id)
     finally:
         parsed.unpersist()
@@ -50,8 +59,9 @@ def _with_rule(out: DataFrame, history: DataFrame) -> DataFrame:
     """Alert rows joined to the exact rule version they were evaluated under (its JSON as `rule`)."""
     versions = history.select("ruleId", F.col("version").alias("ruleVersion"), F.col("ruleJson").alias("rule"))
     alerts = out.where("kind = 'alert'").withColumn("ruleId", F.col("ruleId").cast("int"))
-    return alerts.join(F.broadcast(versions.dropDuplicates(["ruleId", "ruleVersion"])), ["ruleId", "ruleVersion"],
-                       "left")  # fmt: skip
+    return alerts.join(
+        F.broadcast(versions.dropDuplicates(["ruleId", "ruleVersion"])), ["ruleId", "ruleVersion"], "left"
+    )
 
 
 def _rule(name: str) -> Column:
@@ -76,13 +86,23 @@ def alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
     alerts = _with_rule(out, history)
     aggregate = F.col("aggregate").cast("decimal(38,18)")
     message = F.format_string(
-        "%s(%s) of %s over %s min = %s, %s %s", _rule("aggregatorFunctionType"), _rule("aggregateFieldName"),
-        F.col("key"), _rule("windowMinutes"), F.col("aggregate"), _rule("limitOperatorType"), _rule("limit"),
-    )  # fmt: skip
+        "%s(%s) of %s over %s min = %s, %s %s",
+        _rule("aggregatorFunctionType"),
+        _rule("aggregateFieldName"),
+        F.col("key"),
+        _rule("windowMinutes"),
+        F.col("aggregate"),
+        _rule("limitOperatorType"),
+        _rule("limit"),
+    )
     return alerts.select(
         F.concat_ws(":", "ruleId", "transactionId").alias("alertId"),
         F.lit("WINDOW").alias("kind"),
-        "ruleId", "ruleVersion", "transactionId", F.lit(None).cast("long").alias("userId"), "key",
+        "ruleId",
+        "ruleVersion",
+        "transactionId",
+        F.lit(None).cast("long").alias("userId"),
+        "key",
         F.from_json(_rule("groupingKeyNames"), "array<string>").alias("groupingKeyNames"),
         aggregate.alias("aggregate"),
         _rule("aggregateFieldName").alias("aggregateFieldName"),
@@ -93,7 +113,7 @@ def alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
         *_common(batch_id),
         message.alias("message"),
         F.lit(None).cast("string").alias("details"),
-    )  # fmt: skip
+    )
 
 
 def login_alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
@@ -102,7 +122,11 @@ def login_alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataF
     return alerts.select(
         F.concat(F.col("ruleId"), F.lit(":u"), F.col("userId"), F.lit(":"), F.col("eventTime")).alias("alertId"),
         F.lit("LOGIN_ANOMALY").alias("kind"),
-        "ruleId", "ruleVersion", F.lit(None).cast("long").alias("transactionId"), "userId", "key",
+        "ruleId",
+        "ruleVersion",
+        F.lit(None).cast("long").alias("transactionId"),
+        "userId",
+        "key",
         F.array(F.lit("userId")).alias("groupingKeyNames"),
         F.col("aggregate").cast("decimal(38,18)").alias("aggregate"),
         F.lit("failedLogins").alias("aggregateFieldName"),
@@ -111,8 +135,9 @@ def login_alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataF
         _rule("minFailures").cast("decimal(38,18)").alias("limit"),
         _rule("windowMinutes").cast("int").alias("windowMinutes"),
         *_common(batch_id),
-        "message", "details",
-    )  # fmt: skip
+        "message",
+        "details",
+    )
 
 
 def late_rows(out: DataFrame, batch_id: int, kind: str = "transaction") -> DataFrame:
@@ -122,10 +147,17 @@ def late_rows(out: DataFrame, batch_id: int, kind: str = "transaction") -> DataF
         else [F.lit(None).cast("long").alias("transactionId"), F.col("userId")]
     )
     return out.where("kind = 'late'").select(
-        F.lit(kind).alias("kind"), *ids, F.col("ruleId").cast("int").alias("ruleId"), "ruleVersion", "key",
-        F.col("eventTime").alias("eventTimeMs"), F.col("watermark").alias("watermarkMs"), "reason",
-        F.current_timestamp().alias("detectedAt"), F.lit(batch_id).cast("long").alias("batchId"),
-    )  # fmt: skip
+        F.lit(kind).alias("kind"),
+        *ids,
+        F.col("ruleId").cast("int").alias("ruleId"),
+        "ruleVersion",
+        "key",
+        F.col("eventTime").alias("eventTimeMs"),
+        F.col("watermark").alias("watermarkMs"),
+        "reason",
+        F.current_timestamp().alias("detectedAt"),
+        F.lit(batch_id).cast("long").alias("batchId"),
+    )
 
 
 def _num(v: object) -> float | None:
@@ -141,8 +173,9 @@ class AlertSink:
     batch publishes again), keyed by alertId for consumers to de-duplicate.
     """
 
-    def __init__(self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5,
-                 logins: bool = False):  # fmt: skip
+    def __init__(
+        self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5, logins: bool = False
+    ):
         self.cfg, self.query, self.printer, self.show = cfg, query, printer, show
         self.to_alerts = login_alert_rows if logins else alert_rows
         self.late_kind = "login" if logins else "transaction"
@@ -161,24 +194,40 @@ class AlertSink:
         reported = self._reported_versions(spark)
         history = tables.read(spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
         seen = (
-            out.where("kind = 'rule'").groupBy("ruleId", "ruleVersion").agg(F.min("producedAt").alias("first"))
-            .join(history.select("ruleId", F.col("version").alias("ruleVersion"), "updatedAt"),
-                  ["ruleId", "ruleVersion"], "left")
-            .select(F.col("ruleId").cast("int").alias("ruleId"), F.col("ruleVersion").alias("version"),
-                    F.col("updatedAt").alias("changedAt"), F.timestamp_millis("first").alias("firstEvaluatedAt"),
-                    (F.col("first") - F.unix_millis("updatedAt")).alias("delayMs"),
-                    F.lit(batch_id).cast("long").alias("batchId"))
-        )  # fmt: skip
+            out.where("kind = 'rule'")
+            .groupBy("ruleId", "ruleVersion")
+            .agg(F.min("producedAt").alias("first"))
+            .join(
+                history.select("ruleId", F.col("version").alias("ruleVersion"), "updatedAt"),
+                ["ruleId", "ruleVersion"],
+                "left",
+            )
+            .select(
+                F.col("ruleId").cast("int").alias("ruleId"),
+                F.col("ruleVersion").alias("version"),
+                F.col("updatedAt").alias("changedAt"),
+                F.timestamp_millis("first").alias("firstEvaluatedAt"),
+                (F.col("first") - F.unix_millis("updatedAt")).alias("delayMs"),
+                F.lit(batch_id).cast("long").alias("batchId"),
+            )
+        )
         records = [r.asDict() for r in seen.collect() if (r.ruleId, r.version) not in reported]
         if not records:
             return
         for r in records:
             reported.add((r["ruleId"], r["version"]))
             if self.printer and r["delayMs"] is not None:
-                self.printer(f"[rules] rule {r['ruleId']} v{r['version']} in force: first event evaluated "
-                             f"{r['delayMs'] / 1000:.1f} s after the change")  # fmt: skip
-        tables.append(spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]), self.cfg, "rule_applied",
-                      f"{self.query}-applied", batch_id)  # fmt: skip
+                self.printer(
+                    f"[rules] rule {r['ruleId']} v{r['version']} in force: first event evaluated "
+                    f"{r['delayMs'] / 1000:.1f} s after the change"
+                )
+        tables.append(
+            spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]),
+            self.cfg,
+            "rule_applied",
+            f"{self.query}-applied",
+            batch_id,
+        )
 
     def __call__(self, out: DataFrame, batch_id: int) -> None:
         out.persist()
@@ -209,10 +258,13 @@ class AlertSink:
                 latency = F.lit(committed_ms) - F.col("ingestionTimestamp")
                 p50, p99, pmax = (
                     alerts.where("ingestionTimestamp > 0")
-                    .agg(F.percentile_approx(latency, 0.5, 10_000), F.percentile_approx(latency, 0.99, 10_000),
-                         F.max(latency))
+                    .agg(
+                        F.percentile_approx(latency, 0.5, 10_000),
+                        F.percentile_approx(latency, 0.99, 10_000),
+                        F.max(latency),
+                    )
                     .first()
-                )  # fmt: skip
+                )
                 alerts.unpersist()
             if counts.get("late"):
                 late = late_rows(out, batch_id, self.late_kind)
@@ -263,17 +315,35 @@ class RuleChangeSink:
         errors = []
         for row in df.orderBy("modified", "source").collect():
             changes, problems = parse_rules_text(row.value)
-            applied = store.apply(spark, self.cfg, changes, author=f"stream:{os.path.basename(row.source)}",
-                                     change_id=f"{RULES_QUERY}:{batch_id}:{row.source}")  # fmt: skip
-            errors += [{"ruleId": None if e.rule_id is None else str(e.rule_id), "raw": row.value,
-                        "reason": "; ".join(e.problems), "source": row.source} for e in problems]  # fmt: skip
+            applied = store.apply(
+                spark,
+                self.cfg,
+                changes,
+                author=f"stream:{os.path.basename(row.source)}",
+                change_id=f"{RULES_QUERY}:{batch_id}:{row.source}",
+            )
+            errors += [
+                {
+                    "ruleId": None if e.rule_id is None else str(e.rule_id),
+                    "raw": row.value,
+                    "reason": "; ".join(e.problems),
+                    "source": row.source,
+                }
+                for e in problems
+            ]
             if self.printer:
-                self.printer(f"[rules] {os.path.basename(row.source)}: {len(applied)} rules changed, "
-                             f"{len(problems)} rejected")  # fmt: skip
+                self.printer(
+                    f"[rules] {os.path.basename(row.source)}: {len(applied)} rules changed, {len(problems)} rejected"
+                )
         if errors:
             frame = spark.createDataFrame(errors, "ruleId string, raw string, reason string, source string")
-            tables.append(frame.withColumn("receivedAt", F.current_timestamp()), self.cfg, "rule_errors",
-                          f"{RULES_QUERY}-errors", batch_id)  # fmt: skip
+            tables.append(
+                frame.withColumn("receivedAt", F.current_timestamp()),
+                self.cfg,
+                "rule_errors",
+                f"{RULES_QUERY}-errors",
+                batch_id,
+            )
 
 
 def alert_messages(alerts: DataFrame) -> DataFrame:

@@ -110,8 +110,12 @@ class Rule:
             out["controlType"] = self.control_type
             return out
         if self.rule_type == LOGIN_RULE:
-            out.update(ruleType=LOGIN_RULE, minFailures=self.min_failures, minDistinctIps=self.min_distinct_ips,
-                       windowMinutes=self.window_minutes)  # fmt: skip
+            out.update(
+                ruleType=LOGIN_RULE,
+                minFailures=self.min_failures,
+                minDistinctIps=self.min_distinct_ips,
+                windowMinutes=self.window_minutes,
+            )
             return out
         out.update(
             groupingKeyNames=list(self.grouping_key_names),
@@ -326,8 +330,14 @@ def _parse_login_rule(obj: dict[str, Any], rule_id: int, state: str | None, prob
     window = _positive(obj, "windowMinutes", 10, problems)
     if problems:
         raise RuleError(rule_id, problems)
-    return Rule(rule_id=rule_id, state=str(state), rule_type=LOGIN_RULE, min_failures=failures,
-                min_distinct_ips=ips, window_minutes=window)  # fmt: skip
+    return Rule(
+        rule_id=rule_id,
+        state=str(state),
+        rule_type=LOGIN_RULE,
+        min_failures=failures,
+        min_distinct_ips=ips,
+        window_minutes=window,
+    )
 
 
 def parse_rules_text(text: str) -> tuple[list[Rule], list[RuleError]]:

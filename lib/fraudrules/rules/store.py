@@ -55,9 +55,18 @@ def apply(
         )
         active_since = prev["activeSince"] if same_windows and rule.state == "ACTIVE" else version
         rows[rule.rule_id] = changed[rule.rule_id] = to_row(rule, version, active_since, epoch, now, author)
-        log.append({"ruleId": rule.rule_id, "version": version, "ruleState": rule.state,
-                    "ruleJson": rows[rule.rule_id]["ruleJson"], "change": change, "changeId": change_id,
-                    "updatedAt": now, "updatedBy": author})  # fmt: skip
+        log.append(
+            {
+                "ruleId": rule.rule_id,
+                "version": version,
+                "ruleState": rule.state,
+                "ruleJson": rows[rule.rule_id]["ruleJson"],
+                "change": change,
+                "changeId": change_id,
+                "updatedAt": now,
+                "updatedBy": author,
+            }
+        )
 
     for rule in changes:
         if rule.state != "CONTROL":
@@ -102,12 +111,13 @@ def _write_rules(spark: SparkSession, cfg: JobConfig, changed: dict[int, dict]) 
         return
     updates = spark.createDataFrame(list(changed.values()), tables.SCHEMAS["rules"])
     (
-        tables.delta(spark, cfg, "rules").alias("r")
+        tables.delta(spark, cfg, "rules")
+        .alias("r")
         .merge(updates.alias("u"), "r.ruleId = u.ruleId")
         .whenMatchedUpdateAll()
         .whenNotMatchedInsertAll()
         .execute()
-    )  # fmt: skip
+    )
 
 
 def upsert(spark: SparkSession, cfg: JobConfig, rules: list[Rule], author: str = "cli") -> list[dict]:
@@ -126,8 +136,17 @@ def export_current(spark: SparkSession, cfg: JobConfig) -> str:
     """Snapshot the rules in force into the rules_export table and a JSON file; returns the file path."""
     export_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     rows = [r for r in current(spark, cfg).values() if r["ruleState"] != "DELETE"]
-    snapshot = [{"exportId": export_id, "ruleId": r["ruleId"], "version": r["version"], "ruleState": r["ruleState"],
-                 "ruleJson": r["ruleJson"], "exportedAt": datetime.now(timezone.utc)} for r in rows]  # fmt: skip
+    snapshot = [
+        {
+            "exportId": export_id,
+            "ruleId": r["ruleId"],
+            "version": r["version"],
+            "ruleState": r["ruleState"],
+            "ruleJson": r["ruleJson"],
+            "exportedAt": datetime.now(timezone.utc),
+        }
+        for r in rows
+    ]
     if snapshot:
         tables.append(spark.createDataFrame(snapshot, tables.SCHEMAS["rules_export"]), cfg, "rules_export")
     folder = os.path.join(cfg.data_dir, "exports")
