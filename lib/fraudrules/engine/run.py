@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from pyspark.sql import SparkSession
 
@@ -20,9 +21,16 @@ from fraudrules.config import JobConfig
 from fraudrules.engine import job
 from fraudrules.engine.progress import ProgressPrinter
 from fraudrules.engine.sinks import Printer
-from fraudrules.generator import PacedWriter
 from fraudrules.rules import store
 from fraudrules.rules.model import load_rules_file
+
+
+class Writer(Protocol):
+    """Something feeding the sources while the job runs (the demo generator's paced writers)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = print) -> None:
@@ -36,7 +44,7 @@ def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer
 def run(
     spark: SparkSession,
     cfg: JobConfig,
-    writers: Sequence[PacedWriter] = (),
+    writers: Sequence[Writer] = (),
     seconds: float = 0.0,
     printer: Printer = print,
 ) -> BaseException | None:
