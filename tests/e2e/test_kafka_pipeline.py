@@ -111,18 +111,22 @@ def _topics(kafka, *names: str, partitions: int = 1) -> list[str]:
     return topics
 
 
-def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
-    tx_topic, rules_topic, alerts_topic = _topics(kafka, "transactions", "rules", "alerts")
-    cfg = JobConfig(
+def _config(tmp_path, kafka, tx_topic: str, max_offsets: int, **topics: str) -> JobConfig:
+    """The job on the test broker: transactions from `tx_topic`, at most `max_offsets` records a micro-batch."""
+    return JobConfig(
         data_dir=str(tmp_path),
         shards=4,
         source="kafka",
         kafka_bootstrap=kafka.bootstrap,
         kafka_transactions_topic=tx_topic,
-        kafka_rules_topic=rules_topic,
-        kafka_alerts_topic=alerts_topic,
-        max_offsets_per_trigger=250,
+        max_offsets_per_trigger=max_offsets,
+        **topics,
     )
+
+
+def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
+    tx_topic, rules_topic, alerts_topic = _topics(kafka, "transactions", "rules", "alerts")
+    cfg = _config(tmp_path, kafka, tx_topic, 250, kafka_rules_topic=rules_topic, kafka_alerts_topic=alerts_topic)
     good = list(
         Workload(count=700, payees=15, beneficiaries=8, events_per_second=5, seed=3, burst_every=150).transactions()
     )
@@ -188,14 +192,7 @@ def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
 def test_a_10x_burst_is_absorbed_in_bounded_batches(spark, kafka, tmp_path):
     (tx_topic,) = _topics(kafka, "burst", partitions=2)
     steady, cap = 50, 100  # the bound is 2× the steady rate; the burst is 10× it
-    cfg = JobConfig(
-        data_dir=str(tmp_path),
-        shards=4,
-        source="kafka",
-        kafka_bootstrap=kafka.bootstrap,
-        kafka_transactions_topic=tx_topic,
-        max_offsets_per_trigger=cap,
-    )
+    cfg = _config(tmp_path, kafka, tx_topic, cap)
     txs = [json.dumps(t) for t in Workload(count=11 * steady, payees=50, beneficiaries=20, seed=9).transactions()]
     tables.ensure(spark, cfg)
     store.upsert(spark, cfg, [parse_rule(RULES[1])], author="test")

@@ -10,6 +10,8 @@ import pytest
 from fraudrules.ops import state_reader
 from fraudrules.rules.model import parse_rule
 from tests.support import reference_logins
+from tests.support.harness import login_event as ev
+from tests.support.harness import seed_attack
 from tests.support.streams import FileStream
 
 pytestmark = pytest.mark.spark
@@ -17,19 +19,12 @@ W = 10 * 60_000
 DETECTOR = parse_rule({"ruleId": 100, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY"})
 
 
-def ev(user, kind, ip, t):
-    return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}
-
-
 def test_seed_scenarios_late_events_and_cleanup(spark, tmp_path):
     stream = FileStream(spark, str(tmp_path), [DETECTOR], lateness_ms=5_000, logins=True).start()
     try:
         stream.feed_logins(
             [
-                ev(1, "FAIL", "1.1.1.1", 1_000),
-                ev(1, "FAIL", "2.2.2.2", 2_000),
-                ev(1, "FAIL", "3.3.3.3", 3_000),
-                ev(1, "SUCCESS", "9.9.9.9", 4_000),
+                *seed_attack(user=1),
                 ev(2, "FAIL", "1.1.1.1", 5_000),
                 ev(2, "FAIL", "2.2.2.2", 6_000),
                 "{broken",

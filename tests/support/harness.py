@@ -49,6 +49,20 @@ def keyed_frame(batch: list[dict], rules: list[Rule], batch_no: int, shards: int
     return pd.DataFrame(rows, columns=list(KEYED_COLUMNS))
 
 
+def login_event(user: int, kind: str, ip: str, t: int) -> dict:
+    """A login event as the detector's source delivers it."""
+    return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}
+
+
+def seed_attack(user: int = 1) -> list[dict]:
+    """Seed 000's scenario: failures from three IPs, then a success from a fourth, within seconds."""
+    ips = ("1.1.1.1", "2.2.2.2", "3.3.3.3")
+    return [
+        *(login_event(user, "FAIL", ip, 1_000 * (i + 1)) for i, ip in enumerate(ips)),
+        login_event(user, "SUCCESS", "9.9.9.9", 4_000),
+    ]
+
+
 def login_frame(
     batch: list[dict], batch_no: int, min_failures: int = 3, min_ips: int = 2, window_ms: int = 600_000
 ) -> pd.DataFrame:

@@ -9,14 +9,11 @@ from hypothesis import strategies as st
 
 from fraudrules.engine.logins import State, step
 from tests.support import reference_logins
-from tests.support.harness import login_frame
+from tests.support.harness import login_event as ev
+from tests.support.harness import login_frame, seed_attack
 
 MIN = 60_000
 W = 10 * MIN
-
-
-def ev(user, kind, ip, t):
-    return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}
 
 
 class Detector:
@@ -45,14 +42,7 @@ def alerts(out):
 
 def test_three_failures_then_success_from_new_ip_alerts_once():
     d = Detector()
-    out = d.feed(
-        [
-            ev(1, "FAIL", "1.1.1.1", 1000),
-            ev(1, "FAIL", "2.2.2.2", 2000),
-            ev(1, "FAIL", "3.3.3.3", 3000),
-            ev(1, "SUCCESS", "9.9.9.9", 4000),
-        ]
-    )
+    out = d.feed(seed_attack())
     [(user, t, details)] = alerts(out)
     assert (user, t) == (1, 4000)
     assert details["failedIps"] == ["1.1.1.1", "2.2.2.2", "3.3.3.3"] and details["failures"] == 3

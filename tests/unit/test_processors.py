@@ -17,6 +17,7 @@ from fraudrules.engine.processors import LoginProcessor, RulesProcessor
 from fraudrules.engine.state import decode_events, decode_sequences
 from fraudrules.rules.codec import decode_active_logins, decode_active_windows
 from tests.support.harness import keyed_frame, login_frame, rule
+from tests.support.harness import login_event as login
 
 MIN = 60_000
 COALESCE = 10_000
@@ -38,10 +39,6 @@ def tx(tid: int, t: int, payee: int = 1) -> dict:
         "paymentAmount": "10.00",
         "paymentType": "CSH",
     }
-
-
-def login(user: int, kind: str, ip: str, t: int) -> dict:
-    return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}
 
 
 def kinds(out: pd.DataFrame) -> list[str]:
