@@ -3,47 +3,49 @@ the processors' Python readers read back the rules table as it is."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 from pyspark.sql import functions as F
 
 from fraudrules import tables
-from fraudrules.config import JobConfig
-from fraudrules.engine import keying
-from fraudrules.rules import codec, store
+from fraudrules.rules import codec
 from fraudrules.rules.model import parse_rule
 from tests.support.harness import rule
 
 pytestmark = pytest.mark.spark
 
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 RULES = [
     rule(1, agg="SUM", op="GREATER", limit="100.5", window=10),
     rule(2, field="COUNT_FLINK", op="GREATER_EQUAL", limit="3", window=1, unique=["beneficiaryId"]),
-    rule(3, agg="AVG", op="LESS_EQUAL", limit="-0.25", window=60, state="PAUSE"),
+    rule(3, agg="AVG", op="LESS_EQUAL", limit="-0.25", window=60),
     parse_rule({"ruleId": 100, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY", "windowMinutes": 5}),
+    parse_rule({"ruleId": 101, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY", "windowMinutes": 10}),
 ]
 
 
-def test_sql_writers_match_the_python_writers(spark, tmp_path):
-    cfg = JobConfig(data_dir=str(tmp_path))
-    tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
-    store.upsert(spark, cfg, RULES, author="test")
-    store.upsert(spark, cfg, [rule(1, agg="SUM", op="GREATER", limit="200", window=10)], author="test")  # v2
-    rows = store.current(spark, cfg)
+def test_sql_writers_match_the_python_writers(spark):
+    rows = {
+        r.rule_id: codec.to_row(r, version=r.rule_id + 1, active_since=1, epoch=0, now=NOW, author="t") for r in RULES
+    }
+    table = spark.createDataFrame(list(rows.values()), tables.SCHEMAS["rules"])  # rows as the rules table holds them
+    windows = table.where("ruleType = 'WINDOW'")
+    logins = table.where("ruleType = 'LOGIN_ANOMALY'")
 
-    windows = keying.active_rules(spark, cfg).select("ruleId", codec.spec_column().alias("spec"), "active").collect()
-    assert {r.ruleId for r in windows} == {1, 2}  # ACTIVE window rules only
-    for r in windows:
+    for r in windows.select("ruleId", codec.spec_column().alias("spec")).collect():
         assert r.spec == codec.encode_spec(codec.from_row(rows[r.ruleId]))
-        assert codec.decode_spec(r.ruleId, r.spec).limit == codec.from_row(rows[r.ruleId]).limit
-    (active,) = {r.active for r in windows}
-    expected = {rid: (rows[rid]["sig"], rows[rid]["windowMs"]) for rid in (1, 2)}
+
+    (active,) = windows.agg(codec.active_windows_column()).first()
+    expected = {rid: (rows[rid]["sig"], rows[rid]["windowMs"]) for rid in (1, 2, 3)}
     assert codec.decode_active_windows(active) == expected
     assert sorted(active.split(",")) == sorted(
         codec.encode_active_windows((r, *v) for r, v in expected.items()).split(",")
     )
 
-    (logins,) = keying.active_login_rules(spark, cfg).select("active").distinct().collect()
-    assert logins.active == codec.encode_active_logins({100: 300_000})
-
-    spec_of_table = tables.read(spark, cfg, "rules").where(F.col("ruleId") == 1).select(codec.spec_column()).first()[0]
-    assert spec_of_table.startswith("2|")  # the version that is in force
+    (active_logins,) = logins.agg(codec.active_logins_column()).first()
+    assert codec.decode_active_logins(active_logins) == {100: 300_000, 101: 600_000}
+    assert sorted(active_logins.split(",")) == sorted(
+        codec.encode_active_logins({100: 300_000, 101: 600_000}).split(",")
+    )
+    assert table.where(F.col("ruleId") == 1).select(codec.spec_column()).first()[0].startswith("2|")  # its version
