@@ -119,7 +119,7 @@ class Demo:
     per_file: int = 250
     seed: int = 7
     bad_every: int = 97  # one bad record per this many lines
-    shards: int = 4
+    shards: int = 2
     source: str = "files"
     batch_files: int = 1  # maxFilesPerTrigger (files) / batch_files × per_file offsets (Kafka)
     rules_path: str | None = None
@@ -446,7 +446,7 @@ def main(
     per_file: int = 250,
     seed: int = 7,
     source: str = "files",
-    shards: int = 4,
+    shards: int = 2,
     rules: str | None = None,
 ) -> int:
     from fraudrules.session import get_spark
@@ -490,7 +490,7 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--per-file", type=int, default=250, help="records per file (= per micro-batch)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--source", choices=["files", "kafka"], default="files")
-    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--shards", type=int, default=2)
     p.add_argument("--rules", help="rules file (default: the sample rules, incl. the login detector)")
     a = p.parse_args(argv)
     return main(a.data_dir, a.kills, a.count, a.logins_count, a.per_file, a.seed, a.source, a.shards, a.rules)

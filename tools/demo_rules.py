@@ -43,7 +43,7 @@ def _drop(folder: str, name: str, change: object) -> None:
 
 def main(data_dir: str, rate: float = 100.0, step_seconds: float = 12.0) -> int:
     shutil.rmtree(data_dir, ignore_errors=True)
-    cfg = JobConfig(data_dir=data_dir, shards=4)
+    cfg = JobConfig(data_dir=data_dir)
     spark = get_spark("fraudrules-demo-rules")
     quiet = job.start(spark, cfg, printer=lambda line: line.startswith("[rules]") and print(line, flush=True))
     writer = RateWriter(cfg.landing, Workload(count=10**9, payees=20, seed=5).transactions(), rate=rate, realtime=True)

@@ -208,7 +208,9 @@ def _tables_parent() -> argparse.ArgumentParser:
 def _engine_parent() -> argparse.ArgumentParser:
     """Settings fixed for the life of a checkpoint, which every command reading the state must share."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--shards", type=int, default=16, help="state groups of the stateful stage")
+    p.add_argument(
+        "--shards", type=int, default=2, help="state groups of the stateful stages (best: one per partition)"
+    )
     p.add_argument("--shuffle-partitions", type=int, default=2)
     p.add_argument("--lateness-ms", type=int, default=60_000, help="allowed lateness of the watermark")
     return p
@@ -237,7 +239,7 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
     run.add_argument("--no-generator", action="store_true", help="no embedded generator (production)")
     run.add_argument("--rate", type=float, default=200.0, help="generated transactions per second (0: none)")
     run.add_argument("--rules", help="rules file loaded into an empty rules table (default with the generator: demo)")
-    run.add_argument("--trigger-seconds", type=float, default=0.0)
+    run.add_argument("--trigger-seconds", type=float, default=0.1, help="a stateful micro-batch at most this often")
     run.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
     run.add_argument("--available-now", action="store_true", help="process the input present at start, then stop")
     run.add_argument("--transactions", dest="transactions_source", help="folder of transaction files")

@@ -5,6 +5,7 @@ Standard library only: the health checks, the tools and the DAG side read these 
 
 from __future__ import annotations
 
+import json
 import os
 import typing
 from collections.abc import Iterable, Mapping
@@ -43,10 +44,11 @@ class JobConfig:
     catalog: str | None = None  # set both catalog and schema to use Unity Catalog tables
     schema: str | None = None
     checkpoint_root: str | None = None
-    shards: int = 16  # state groups of the stateful stage; fixed for the life of a checkpoint
-    shuffle_partitions: int = 2
+    shards: int = 2  # state groups of the stateful stages (best: one per partition); fixed per checkpoint
+    shuffle_partitions: int = 2  # partitions of the stateful stages; fixed per checkpoint
     lateness_ms: int = 60_000
-    trigger_seconds: float = 0.0
+    trigger_seconds: float = 0.1  # stateful queries: a micro-batch at most this often (back to back when busy)
+    background_trigger_seconds: float = 5.0  # rule changes and bronze ingest: fewer, larger Delta commits
     available_now: bool = False
     max_files_per_trigger: int | None = None
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
@@ -85,6 +87,11 @@ class JobConfig:
     def checkpoint(self, query: str) -> str:
         root = self.checkpoint_root or os.path.join(self.data_dir, "checkpoints")
         return os.path.abspath(os.path.join(root, query))
+
+    def query_id(self, query: str) -> str:
+        """The streaming query's id, kept in its checkpoint: the same across restarts, new for a new checkpoint."""
+        with open(os.path.join(self.checkpoint(query), "metadata"), encoding="utf-8") as fh:
+            return json.loads(fh.readline())["id"]
 
     @property
     def rules_landing(self) -> str:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from importlib import resources
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
 DEFAULT_JARS = os.path.join(".jars", "spark")
 
 
@@ -53,6 +56,10 @@ def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSess
             .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "2")
             .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
             .config("spark.sql.streaming.minBatchesToRetain", "20")
+            .config("spark.scheduler.mode", "FAIR")
+            .config("spark.scheduler.allocation.file", str(resources.files("fraudrules").joinpath(POOLS)))
+            # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
+            .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel(os.environ.get("FRAUDRULES_LOG_LEVEL", "ERROR"))

@@ -14,6 +14,14 @@ from pyspark.sql import functions as F
 from fraudrules.config import JOB_TABLES, RESULTS_TABLE, JobConfig
 
 FILTER_TYPE = "array<struct<field:string,op:string,numeric:boolean,values:array<string>>>"
+RULE_ROW = (
+    "ruleId int, version long, ruleState string, groupingKeyNames array<string>, "
+    "aggregateFieldName string, aggregatorFunctionType string, limitOperatorType string, "
+    f"limit string, windowMinutes int, windowMs long, scale int, filter {FILTER_TYPE}, "
+    "unique array<string>, ruleType string, minFailures int, minDistinctIps int, "
+    "sig long, activeSince long, epoch long, ruleJson string, updatedAt timestamp, "
+    "updatedBy string"
+)
 SCHEMAS: dict[str, str] = {
     "transactions": (
         "transactionId long, eventTime long, payeeId long, beneficiaryId long, paymentAmount decimal(20,2), "
@@ -21,18 +29,9 @@ SCHEMAS: dict[str, str] = {
         "srcName string, srcPos long, ingestedAt timestamp"
     ),
     "quarantine": ("kind string, raw string, reason string, srcName string, srcPos long, quarantinedAt timestamp"),
-    "rules": (
-        "ruleId int, version long, ruleState string, groupingKeyNames array<string>, "
-        "aggregateFieldName string, aggregatorFunctionType string, limitOperatorType string, "
-        f"limit string, windowMinutes int, windowMs long, scale int, filter {FILTER_TYPE}, "
-        "unique array<string>, ruleType string, minFailures int, minDistinctIps int, "
-        "sig long, activeSince long, epoch long, ruleJson string, updatedAt timestamp, "
-        "updatedBy string"
-    ),
-    "rule_history": (
-        "ruleId int, version long, ruleState string, ruleJson string, change string, changeId string, "
-        "updatedAt timestamp, updatedBy string"
-    ),
+    "rules": RULE_ROW,
+    # every change, the whole rule as it became (control commands carry their epoch); streamed by the job
+    "rule_history": RULE_ROW + ", change string, changeId string",
     "rule_errors": "ruleId string, raw string, reason string, source string, receivedAt timestamp",
     "rules_export": (
         "exportId string, ruleId int, version long, ruleState string, ruleJson string, exportedAt timestamp"
@@ -49,7 +48,8 @@ SCHEMAS: dict[str, str] = {
         "groupingKeyNames array<string>, aggregate decimal(38,18), aggregateFieldName string, "
         "aggregatorFunctionType string, limitOperatorType string, limit decimal(38,18), windowMinutes int, "
         "eventTime timestamp, eventTimeMs long, ingestionTimestamp long, producedAt timestamp, "
-        "producedAtMs long, watermarkMs long, batchId long, shard int, message string, details string"
+        "producedAtMs long, publishedAtMs long, watermarkMs long, batchId long, shard int, message string, "
+        "details string"
     ),
     "late_events": (
         "kind string, transactionId long, userId long, ruleId int, ruleVersion long, key string, eventTimeMs long, "
@@ -57,7 +57,8 @@ SCHEMAS: dict[str, str] = {
     ),
     "batches": (
         "query string, batchId long, committedAt timestamp, inputRows long, alerts long, lateEvents long, "
-        "watermarkMs long, latencyP50Ms double, latencyP99Ms double, latencyMaxMs double"
+        "watermarkMs long, latencyP50Ms double, latencyP99Ms double, latencyMaxMs double, retainedEvents long, "
+        "chunks int, chunksFromStore int, transactions long, pythonMs double, pythonStages string"
     ),
     RESULTS_TABLE: (  # written by the data-quality run, one row per expectation outcome
         "runId string, runAt timestamp, suite string, tableName string, expectation string, columns string, "
@@ -95,17 +96,73 @@ def read(spark: SparkSession, cfg: JobConfig, name: str) -> DataFrame:
     return spark.read.format("delta").load(cfg.table(name))
 
 
+def read_stream(spark: SparkSession, cfg: JobConfig, name: str) -> DataFrame:
+    """A table as a streaming source: its rows now, then every append."""
+    if cfg.uses_catalog:
+        return spark.readStream.table(cfg.table(name))
+    return spark.readStream.format("delta").load(cfg.table(name))
+
+
 def delta(spark: SparkSession, cfg: JobConfig, name: str) -> DeltaTable:
     if cfg.uses_catalog:
         return DeltaTable.forName(spark, cfg.table(name))
     return DeltaTable.forPath(spark, cfg.table(name))
 
 
-def append(df: DataFrame, cfg: JobConfig, name: str, app_id: str | None = None, version: int | None = None) -> None:
-    """Append; with (app_id, version) the write is idempotent: Delta skips a version it already has."""
+def append(df: DataFrame, cfg: JobConfig, name: str, marker: str | None = None) -> None:
+    """Append in one commit; `marker` goes into the commit's userMetadata (see Ledger)."""
     writer = conform(df, name).write.format("delta").mode("append")
-    if app_id is not None:
-        writer = writer.option("txnAppId", app_id).option("txnVersion", str(version))
+    if marker is not None:
+        writer = writer.option("userMetadata", marker)
+    if cfg.uses_catalog:
+        writer.saveAsTable(cfg.table(name))
+    else:
+        writer.save(cfg.table(name))
+
+
+class Ledger:
+    """Exactly-once appends of numbered batches by one writer (`app`) to one table.
+
+    Each append records {"app", "batch"} in its commit's userMetadata; a batch at or below the last one
+    recorded is skipped. The last one is read back from the table's history once per process, so an
+    append costs one plain Delta commit (Delta's own txnAppId/txnVersion would rebuild the table state
+    for every commit). One writer per app: the app names a checkpoint, which one query runs at a time.
+    """
+
+    def __init__(self, spark: SparkSession, cfg: JobConfig, name: str, app: str):
+        self.spark, self.cfg, self.name, self.app = spark, cfg, name, app
+        self._last: int | None = None
+
+    def last(self) -> int:
+        """The last batch this app committed to the table, -1 if none."""
+        if self._last is None:
+            self._last = -1
+            for page in (50, 1000, None):
+                history = (
+                    delta(self.spark, self.cfg, self.name).history(page)
+                    if page
+                    else delta(self.spark, self.cfg, self.name).history()
+                )
+                rows = history.select("userMetadata").collect()
+                marks = [json.loads(r.userMetadata) for r in rows if r.userMetadata and r.userMetadata.startswith("{")]
+                found = [m["batch"] for m in marks if m.get("app") == self.app]
+                if found or page is None or len(rows) < page:
+                    self._last = max(found, default=-1)
+                    break
+        return self._last
+
+    def append(self, df: DataFrame, batch: int) -> bool:
+        """Append unless this batch is already in; True when it appended."""
+        if batch <= self.last():
+            return False
+        append(df, self.cfg, self.name, json.dumps({"app": self.app, "batch": batch}))
+        self._last = batch
+        return True
+
+
+def overwrite(df: DataFrame, cfg: JobConfig, name: str) -> None:
+    """Replace the table's rows in one commit."""
+    writer = conform(df, name).write.format("delta").mode("overwrite")
     if cfg.uses_catalog:
         writer.saveAsTable(cfg.table(name))
     else:
@@ -152,3 +209,18 @@ def to_json_line(record: dict) -> str:
 
     text = json.dumps({k: conv(v) for k, v in record.items()}, default=str)
     return re.sub(r'"\\u0000num:([^"]*)"', r"\1", text)
+
+
+class Ledgers:
+    """A query's ledgers, one per table it writes, made on first use (the query id is in the checkpoint
+    once the query runs)."""
+
+    def __init__(self, cfg: JobConfig, query: str):
+        self.cfg, self.query = cfg, query
+        self.by_table: dict[str, Ledger] = {}
+
+    def get(self, spark: SparkSession, name: str) -> Ledger:
+        if name not in self.by_table:
+            app = f"{self.query}:{self.cfg.query_id(self.query)}"
+            self.by_table[name] = Ledger(spark, self.cfg, name, app)
+        return self.by_table[name]

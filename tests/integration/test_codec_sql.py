@@ -1,12 +1,11 @@
-"""The rule codec's SQL writers (what keying puts on every keyed row) write what its Python writers write, so
-the processors' Python readers read back the rules table as it is."""
+"""The rule codec's SQL writer (what the job puts beside the events for every rule change) writes what its Python
+writer writes, so the shards read back the rule_history rows as they are."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 import pytest
-from pyspark.sql import functions as F
 
 from fraudrules import tables
 from fraudrules.rules import codec
@@ -25,27 +24,12 @@ RULES = [
 ]
 
 
-def test_sql_writers_match_the_python_writers(spark):
-    rows = {
-        r.rule_id: codec.to_row(r, version=r.rule_id + 1, active_since=1, epoch=0, now=NOW, author="t") for r in RULES
-    }
-    table = spark.createDataFrame(list(rows.values()), tables.SCHEMAS["rules"])  # rows as the rules table holds them
-    windows = table.where("ruleType = 'WINDOW'")
-    logins = table.where("ruleType = 'LOGIN_ANOMALY'")
-
-    for r in windows.select("ruleId", codec.spec_column().alias("spec")).collect():
-        assert r.spec == codec.encode_spec(codec.from_row(rows[r.ruleId]))
-
-    (active,) = windows.agg(codec.active_windows_column()).first()
-    expected = {rid: (rows[rid]["sig"], rows[rid]["windowMs"]) for rid in (1, 2, 3)}
-    assert codec.decode_active_windows(active) == expected
-    assert sorted(active.split(",")) == sorted(
-        codec.encode_active_windows((r, *v) for r, v in expected.items()).split(",")
-    )
-
-    (active_logins,) = logins.agg(codec.active_logins_column()).first()
-    assert codec.decode_active_logins(active_logins) == {100: 300_000, 101: 600_000}
-    assert sorted(active_logins.split(",")) == sorted(
-        codec.encode_active_logins({100: 300_000, 101: 600_000}).split(",")
-    )
-    assert table.where(F.col("ruleId") == 1).select(codec.spec_column()).first()[0].startswith("2|")  # its version
+def test_sql_writer_matches_the_python_writer(spark):
+    rows = [
+        {**codec.to_row(r, version=r.rule_id + 1, active_since=1, epoch=0, now=NOW, author="t"), "change": "create"}
+        for r in RULES
+    ]
+    history = spark.createDataFrame(rows, tables.SCHEMAS["rule_history"])  # rows as rule_history holds them
+    written = {r.ruleId: r[codec.RULE_CHANGE] for r in history.select("ruleId", codec.change_column()).collect()}
+    for row in rows:
+        assert codec.decode_change(written[row["ruleId"]]) == codec.decode_change(codec.encode_change(row))

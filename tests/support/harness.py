@@ -1,52 +1,141 @@
-"""Drive the engine's per-shard step without Spark: key transactions the way engine/keying.py does."""
+"""Drive the engine's per-shard steps without Spark: the stateful stages' input rows built as Spark builds them."""
 
 from __future__ import annotations
 
-import json
-import zlib
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime, timezone
 from decimal import Decimal
 
 import pandas as pd
 
-from fraudrules.engine.evaluation import KEYED_COLUMNS, Meta, step
-from fraudrules.engine.logins import LOGIN_COLUMNS
-from fraudrules.engine.windowing import Events
-from fraudrules.rules.codec import encode_active_logins, encode_active_windows, encode_spec
-from fraudrules.rules.model import COUNT_FIELDS, Rule, parse_rule
-from tests.support.reference import passes
+from fraudrules.engine.evaluation import Batch, step
+from fraudrules.engine.keying import TX_COLUMNS
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.engine.state import Cache, Chunk, Indexed, Meta, Resets, ShardEvents
+from fraudrules.rules import store
+from fraudrules.rules.codec import RULE_CHANGE, encode_change, from_row
+from fraudrules.rules.model import PAYMENT_TYPES, Rule, parse_rule
 
 
-def keyed_frame(batch: list[dict], rules: list[Rule], batch_no: int, shards: int = 1) -> pd.DataFrame:
-    active = [r for r in rules if r.state == "ACTIVE"]
-    active_set = encode_active_windows((r.rule_id, r.sig, r.window_ms) for r in active)
-    rows = []
-    for pos, tx in enumerate(batch):
-        for r in active:
-            if not passes(r, tx):
-                continue
-            key = json.dumps({n: str(tx.get(n)) for n in r.grouping_key_names})
-            val = 0 if r.field in COUNT_FIELDS else int(Decimal(str(tx[r.field])) * 10**r.scale)
-            uniq = zlib.crc32(json.dumps([str(tx.get(f)) for f in r.unique]).encode()) if r.unique else 0
-            rows.append(
-                {
-                    "shard": zlib.crc32(f"{r.rule_id}|{key}".encode()) % shards,
-                    "transactionId": tx["transactionId"],
-                    "eventTime": tx["eventTime"],
-                    "ingestionTimestamp": tx.get("ingestionTimestamp", -1),
-                    "srcTime": batch_no,
-                    "srcId": 0,
-                    "srcPos": pos,
-                    "ruleId": r.rule_id,
-                    "sig": r.sig,
-                    "spec": encode_spec(r),
-                    "key": key,
-                    "val": val,
-                    "uniq": uniq,
-                    "active": active_set,
-                    "epoch": 0,
-                }
-            )
-    return pd.DataFrame(rows, columns=list(KEYED_COLUMNS))
+class MemoryBackend:
+    """A shard's chunk map in memory, as transformWithState's map state would hold it."""
+
+    def __init__(self):
+        self.blobs: dict[int, bytes] = {}
+
+    def put_chunk(self, chunk_id: int, blob: bytes) -> None:
+        self.blobs[chunk_id] = blob
+
+    def remove_chunk(self, chunk_id: int) -> None:
+        del self.blobs[chunk_id]
+
+    def chunks(self) -> Iterator[tuple[int, bytes]]:
+        yield from self.blobs.items()
+
+
+class NoCache(Cache):
+    """Every chunk read from the backend: the path of a batch that lands on a fresh worker or machine."""
+
+    def get(self, c: Chunk) -> Indexed | None:
+        return None
+
+    def put(self, c: Chunk, ev) -> Indexed:
+        return Indexed(ev)
+
+
+def tx_rows(batch: list[dict], batch_no: int) -> pd.DataFrame:
+    """Transactions as the stateful stage receives them (integer columns, see inputs.transactions)."""
+    rows = [
+        {
+            "transactionId": tx["transactionId"],
+            "eventTime": tx["eventTime"],
+            "payeeId": tx["payeeId"],
+            "beneficiaryId": tx["beneficiaryId"],
+            "paymentAmount": int(Decimal(str(tx["paymentAmount"])) * 100),
+            "paymentType": PAYMENT_TYPES.index(tx["paymentType"]),
+            "ingestionTimestamp": tx.get("ingestionTimestamp", -1),
+            "srcTime": batch_no,
+            "srcId": 0,
+            "srcPos": pos,
+        }
+        for pos, tx in enumerate(batch)
+    ]
+    return pd.DataFrame(rows, columns=list(TX_COLUMNS)).astype("int64").assign(**{RULE_CHANGE: None})
+
+
+class RuleStream:
+    """The rules' change history as the running job streams it: versions, window signatures, epochs."""
+
+    def __init__(self):
+        self.rows: dict[int, dict] = {}
+        self.epoch = 0
+
+    def changes(self, rules: list[Rule], event_columns: tuple[str, ...] = TX_COLUMNS) -> pd.DataFrame:
+        """Rule-change rows for the rules that differ from those in force (a rule absent from `rules` stays)."""
+        changed = [r for r in rules if r.rule_id not in self.rows or _differs(self.rows[r.rule_id], r)]
+        p = store.plan(self.rows, self.epoch, changed, datetime.now(timezone.utc), "test", None)
+        self.rows, self.epoch = p.rows, p.epoch
+        return pd.DataFrame({RULE_CHANGE: [encode_change(r) for r in p.log], **dict.fromkeys(event_columns, 0)})
+
+
+def _differs(row: dict, rule: Rule) -> bool:
+    return from_row(row).with_version(0) != rule.with_version(0)
+
+
+class Shard:
+    def __init__(self, index: int, cache_root: str, cached: bool):
+        self.index, self.rules = index, RuleSet()
+        self.meta, self.resets, self.backend = Meta(), Resets.empty(), MemoryBackend()
+        self.cache = (Cache if cached else NoCache)("test", index, root=cache_root)
+
+
+class Engine:
+    """Per-shard state held in memory; each `feed` is one micro-batch with Spark's watermark rule."""
+
+    def __init__(self, lateness_ms: int, shards: int = 1, cached: bool = True):
+        self.lateness_ms, self.shards = lateness_ms, shards
+        root = tempfile.mkdtemp(prefix="fraudrules-test-cache-")
+        self.state = [Shard(i, root, cached) for i in range(shards)]
+        self.stream = RuleStream()
+        self.max_seen: int | None = None
+        self.batch_no = 0
+
+    def feed(self, batch: list[dict], rules: list[Rule]) -> pd.DataFrame:
+        wm = 0 if self.max_seen is None else max(0, self.max_seen - self.lateness_ms)
+        rows = pd.concat([tx_rows(batch, self.batch_no), self.stream.changes(rules)], ignore_index=True)
+        outs = []
+        for s in self.state:
+            store_ = ShardEvents(s.meta, s.resets, s.backend, s.cache)
+            res = step(Batch.of(rows), s.rules, store_, wm, self.lateness_ms, s.index, self.shards, now_ms=0)
+            s.meta, s.resets = store_.meta, store_.resets
+            outs.append(res.output)
+        if batch:
+            top = max(tx["eventTime"] for tx in batch)
+            self.max_seen = top if self.max_seen is None else max(self.max_seen, top)
+        self.batch_no += 1
+        return pd.concat(outs, ignore_index=True)
+
+    def run(self, batches: list[list[dict]], rules_per_batch: list[list[Rule]]):
+        out = pd.concat([self.feed(b, r) for b, r in zip(batches, rules_per_batch, strict=True)], ignore_index=True)
+        alerts = out[out.kind == "alert"]
+        late = out[out.kind == "late"]
+        return (
+            {(int(r.ruleId), int(r.transactionId)): Decimal(r.aggregate) for r in alerts.itertuples()},
+            set(late.transactionId.astype(int)),
+        )
+
+
+LOGIN_EVENT_COLUMNS = (
+    "userId",
+    "eventType",
+    "ipAddress",
+    "eventTimestamp",
+    "ingestionTimestamp",
+    "srcTime",
+    "srcId",
+    "srcPos",
+)
 
 
 def login_event(user: int, kind: str, ip: str, t: int) -> dict:
@@ -63,65 +152,23 @@ def seed_attack(user: int = 1) -> list[dict]:
     ]
 
 
-def login_frame(
-    batch: list[dict], batch_no: int, min_failures: int = 3, min_ips: int = 2, window_ms: int = 600_000
-) -> pd.DataFrame:
-    """Login events keyed the way engine/keying.py keys them for one detector rule (ruleId 1, shard 0)."""
-    rows = [
+def login_rule(min_failures: int = 3, min_ips: int = 2, window_ms: int = 600_000, rule_id: int = 1) -> Rule:
+    return parse_rule(
         {
-            **e,
-            "shard": 0,
-            "ingestionTimestamp": -1,
-            "srcTime": batch_no,
-            "srcId": 0,
-            "srcPos": i,
-            "ruleId": 1,
-            "ruleVersion": 1,
+            "ruleId": rule_id,
+            "ruleState": "ACTIVE",
+            "ruleType": "LOGIN_ANOMALY",
             "minFailures": min_failures,
             "minDistinctIps": min_ips,
-            "windowMs": window_ms,
-            "active": encode_active_logins({1: window_ms}),
+            "windowMinutes": window_ms // 60_000,
         }
-        for i, e in enumerate(batch)
-    ]
-    return pd.DataFrame(rows, columns=list(LOGIN_COLUMNS))
+    )
 
 
-class Engine:
-    """Per-shard state held in memory; each `feed` is one micro-batch with Spark's watermark rule."""
-
-    def __init__(self, lateness_ms: int, shards: int = 1):
-        self.lateness_ms, self.shards = lateness_ms, shards
-        self.state = {s: (Events.empty(), Meta()) for s in range(shards)}
-        self.max_seen: int | None = None
-        self.batch_no = 0
-
-    def feed(self, batch: list[dict], rules: list[Rule]) -> pd.DataFrame:
-        wm = 0 if self.max_seen is None else max(0, self.max_seen - self.lateness_ms)
-        frame = keyed_frame(batch, rules, self.batch_no, self.shards)
-        outs = []
-        for shard, rows in frame.groupby("shard"):
-            state, meta = self.state[int(shard)]
-            res = step(rows, state, meta, wm, self.lateness_ms, int(shard), now_ms=0)
-            self.state[int(shard)] = (res.state, res.meta)
-            outs.append(res.output)
-        if batch:
-            top = max(tx["eventTime"] for tx in batch)
-            self.max_seen = top if self.max_seen is None else max(self.max_seen, top)
-        self.batch_no += 1
-        return pd.concat(outs, ignore_index=True) if outs else pd.DataFrame()
-
-    def run(self, batches: list[list[dict]], rules_per_batch: list[list[Rule]]):
-        outs = [self.feed(b, r) for b, r in zip(batches, rules_per_batch, strict=True)]
-        out = pd.concat([o for o in outs if len(o)], ignore_index=True) if any(len(o) for o in outs) else None
-        if out is None:
-            return {}, set()
-        alerts = out[out.kind == "alert"]
-        late = out[out.kind == "late"]
-        return (
-            {(int(r.ruleId), int(r.transactionId)): Decimal(r.aggregate) for r in alerts.itertuples()},
-            set(late.transactionId.astype(int)),
-        )
+def login_frame(batch: list[dict], batch_no: int) -> pd.DataFrame:
+    """Login events as the login stage receives them (for one shard)."""
+    rows = [{**e, "ingestionTimestamp": -1, "srcTime": batch_no, "srcId": 0, "srcPos": i} for i, e in enumerate(batch)]
+    return pd.DataFrame(rows, columns=list(LOGIN_EVENT_COLUMNS)).assign(**{RULE_CHANGE: None})
 
 
 def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw) -> Rule:

@@ -1,6 +1,6 @@
-"""The rule codec without Spark: each form read back is what was written, in today's string formats.
+"""The rule codec without Spark: each form read back is what was written.
 
-(That the SQL writers produce the same strings as the Python ones: tests/integration/test_codec_sql.py.)
+(That the SQL writer produces the same rule changes as the Python one: tests/integration/test_codec_sql.py.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from fraudrules.engine.evaluation import Meta
+from fraudrules.engine.ruleset import RuleSet
 from fraudrules.rules import codec
 from fraudrules.rules.model import parse_rule
 from tests.support.harness import rule
@@ -31,40 +31,33 @@ RULES = [
 ]
 
 
-def test_spec_format_is_todays():
-    assert codec.encode_spec(RULES[0].with_version(3)) == "3|paymentAmount|SUM|GREATER|100.5|600000|0"
-    assert codec.encode_spec(RULES[1].with_version(1)) == "1|COUNT_FLINK|SUM|GREATER_EQUAL|3|60000|1"
-    assert codec.SPEC_FIELDS[-1] == "distinct" and len(codec.SPEC_FIELDS) == 7
+@pytest.mark.parametrize("original", [*RULES, LOGIN], ids=lambda r: f"rule{r.rule_id}")
+def test_rule_change_round_trip_gives_the_shards_the_rule_in_force(original):
+    row = {**codec.to_row(original, version=5, active_since=3, epoch=2, now=NOW, author="t"), "change": "update"}
+    change = codec.decode_change(codec.encode_change(row))
+    assert set(change) == set(codec.RULE_FIELDS)
+    rules = RuleSet()
+    assert rules.apply([change])
+    assert rules.rule(original.rule_id) == original.with_version(5)
+    assert (rules.sig(original.rule_id), rules.epoch) == (codec.incarnation_sig(original, 3), 2)
+    assert not rules.apply([change])  # the same version again changes nothing
+    older = {**change, "version": 4, "ruleState": "DELETE"}
+    assert not rules.apply([older]) and rules.rules[original.rule_id].state == "ACTIVE"  # highest version wins
 
 
-@pytest.mark.parametrize("original", RULES, ids=lambda r: f"rule{r.rule_id}")
-def test_spec_round_trip_keeps_the_evaluation_parameters(original):
-    versioned = original.with_version(7)
-    back = codec.decode_spec(versioned.rule_id, codec.encode_spec(versioned))
-    assert (back.rule_id, back.version, back.state) == (versioned.rule_id, 7, "ACTIVE")
-    assert (back.field, back.aggregator, back.operator) == (versioned.field, versioned.aggregator, versioned.operator)
-    assert back.limit == versioned.limit and back.limit_fraction == versioned.limit_fraction
-    assert (back.window_ms, back.scale, bool(back.unique)) == (
-        versioned.window_ms,
-        versioned.scale,
-        bool(versioned.unique),
+def test_a_control_command_only_raises_the_epoch():
+    rules = RuleSet()
+    rules.apply(
+        [
+            codec.decode_change(
+                codec.encode_change(
+                    {"ruleId": 0, "version": 0, "ruleState": "CONTROL", "ruleJson": "{}", "sig": None, "epoch": 3}
+                )
+            )
+        ]
     )
-
-
-def test_active_windows_both_directions():
-    triples = [(1, 42, 60_000), (2, 4_000_000_000, 3_600_000)]
-    text = codec.encode_active_windows(triples)
-    assert text == "1:42:60000,2:4000000000:3600000"
-    assert codec.decode_active_windows(text) == {1: (42, 60_000), 2: (4_000_000_000, 3_600_000)}
-    assert codec.decode_active_windows("") == {} and codec.encode_active_windows([]) == ""
-    assert Meta(active=text).active_rules() == codec.decode_active_windows(text)  # what a shard keeps in its meta
-
-
-def test_active_logins_both_directions():
-    windows = {100: 600_000, 7: 60_000}
-    assert codec.encode_active_logins(windows) == "100:600000,7:60000"
-    assert codec.decode_active_logins(codec.encode_active_logins(windows)) == windows
-    assert codec.decode_active_logins("") == {}
+    assert (rules.rules, rules.epoch) == ({}, 3)
+    assert RuleSet.from_json(rules.to_json()) == rules
 
 
 @pytest.mark.parametrize("original", [*RULES, LOGIN], ids=lambda r: f"rule{r.rule_id}")

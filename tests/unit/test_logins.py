@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fraudrules.engine.evaluation import Batch
 from fraudrules.engine.logins import State, step
+from fraudrules.engine.ruleset import RuleSet
 from tests.support import reference_logins
+from tests.support.harness import LOGIN_EVENT_COLUMNS, RuleStream, login_frame, login_rule, seed_attack
 from tests.support.harness import login_event as ev
-from tests.support.harness import login_frame, seed_attack
 
 MIN = 60_000
 W = 10 * MIN
@@ -21,16 +24,18 @@ class Detector:
 
     def __init__(self, lateness_ms=0, min_failures=3, min_ips=2, window_ms=W):
         self.state: State = {}
+        self.rules, self.stream = RuleSet(), RuleStream()
         self.max_seen = None
         self.lateness_ms = lateness_ms
-        self.params = (min_failures, min_ips, window_ms)
+        self.rule = login_rule(min_failures, min_ips, window_ms)
         self.batch_no = 0
 
     def feed(self, batch):
         wm = 0 if self.max_seen is None else max(0, self.max_seen - self.lateness_ms)
-        rows = login_frame(batch, self.batch_no, *self.params)
+        changes = self.stream.changes([self.rule], LOGIN_EVENT_COLUMNS)
+        rows = pd.concat([login_frame(batch, self.batch_no), changes], ignore_index=True)
         self.batch_no += 1
-        out, self.state, _ = step(rows, self.state, wm, 0, now_ms=0)
+        out, self.state = step(Batch.of(rows), self.rules, self.state, wm, 0, now_ms=0)
         top = max(e["eventTimestamp"] for e in batch)
         self.max_seen = top if self.max_seen is None else max(self.max_seen, top)
         return out

@@ -1,33 +1,40 @@
 """The two transformWithState processors with PySpark's in-memory TwsTester: no Spark session.
 
 What the pure steps do is tested beside them (test_windowing.py, test_logins.py); here, what the adapters add:
-state kept per shard in one Arrow value and read back the next batch, the coalesced cleanup timer, expiry
+rules held per shard from the rule-change rows, events kept as chunks in map state and read back the next
+batch (from the worker's cache or, on a fresh worker, from the state), the coalesced cleanup timer, expiry
 through it, and late rows reported. (The Spark tier runs the same processors in real queries.)
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pandas as pd
 from pyspark.sql.streaming.tws_tester import TwsTester
 
+from fraudrules.engine import state as shard_state
 from fraudrules.engine.evaluation import LATE_REASON
+from fraudrules.engine.logins import decode_sequences
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
-from fraudrules.engine.state import decode_events, decode_sequences
-from fraudrules.rules.codec import decode_active_logins, decode_active_windows
-from tests.support.harness import keyed_frame, login_frame, rule
+from fraudrules.rules.model import parse_rule
+from tests.support.harness import LOGIN_EVENT_COLUMNS, RuleStream, login_frame, login_rule, rule, tx_rows
 from tests.support.harness import login_event as login
 
 MIN = 60_000
 COALESCE = 10_000
-SHARD = 0
+SHARD = 7  # the shard's grouping label (see inputs.shard_labels)
 
 
 def in_memory(processor) -> TwsTester:
-    # The job drops its watermark column right after declaring it (engine/job.py `watermarked`), so Spark hands
-    # late rows to the processor, which reports them: to the tester, no row is late.
+    # The job drops its watermark column right after declaring it (inputs.watermarked), so Spark hands late
+    # rows to the processor, which reports them: to the tester, no row is late.
     return TwsTester(processor, timeMode="EventTime", eventTimeExtractor=lambda _row: sys.maxsize)
+
+
+def rules_processor(namespace: str) -> RulesProcessor:
+    return RulesProcessor(lateness_ms=MIN, labels=[SHARD], namespace=namespace, timer_coalesce_ms=COALESCE)
 
 
 def tx(tid: int, t: int, payee: int = 1) -> dict:
@@ -41,8 +48,21 @@ def tx(tid: int, t: int, payee: int = 1) -> dict:
     }
 
 
+def rows(stream: RuleStream, batch: list[dict], batch_no: int, rules=()) -> pd.DataFrame:
+    return pd.concat([tx_rows(batch, batch_no), stream.changes(list(rules))], ignore_index=True)
+
+
 def kinds(out: pd.DataFrame) -> list[str]:
     return sorted(out["kind"]) if len(out) else []
+
+
+def retained(t: TwsTester) -> list[int]:
+    chunks = t.peekMapState("chunks", SHARD)
+    return sorted(x for blob in chunks.values() for x in shard_state.decode(bytes(blob[0])).t.tolist())
+
+
+def meta(t: TwsTester) -> shard_state.Meta:
+    return shard_state.Meta.from_json(t.peekValueState("meta", SHARD)[0])
 
 
 # ------------------------------------------------------------------ RulesProcessor
@@ -51,54 +71,82 @@ def kinds(out: pd.DataFrame) -> list[str]:
 COUNT = rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit="2", window=1)
 
 
-def test_rules_processor_keeps_a_shards_events_between_batches():
-    t = in_memory(RulesProcessor(lateness_ms=MIN, timer_coalesce_ms=COALESCE))
-    first = t.testInPandas(SHARD, keyed_frame([tx(1, 1_000)], [COUNT], 0))
-    assert kinds(first) == ["rule"]  # evaluated, no alert yet
-    second = t.testInPandas(SHARD, keyed_frame([tx(2, 2_000), tx(3, 2_000, payee=2)], [COUNT], 1))
+def test_rules_processor_keeps_a_shards_rules_and_events_between_batches(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("keep")), RuleStream()
+    first = t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
+    assert kinds(first) == ["rule", "stats"]  # evaluated, no alert yet
+    second = t.testInPandas(SHARD, rows(stream, [tx(2, 2_000), tx(3, 2_000, payee=2)], 1))  # no rule rows now
     alerts = second[second["kind"] == "alert"]
     assert list(alerts["transactionId"]) == [2] and list(alerts["aggregate"]) == ["2"]  # tx 1 came from state
+    assert json.loads(alerts["rule"].iloc[0]) == COUNT.to_json()
 
-    (blob,) = t.peekValueState("events", SHARD)
-    retained = decode_events(blob)
-    assert sorted(retained.t.tolist()) == [1_000, 2_000, 2_000] and sorted(retained.seq.tolist()) == [0, 1, 2]
-    next_seq, epoch, active, timer = t.peekValueState("meta", SHARD)
-    assert (next_seq, epoch) == (3, 0)
-    assert decode_active_windows(active) == {1: (COUNT.sig, MIN)}
+    assert retained(t) == [1_000, 2_000, 2_000]
+    m = meta(t)
+    assert m.next_seq == 3 and len(m.chunks) == 2  # one chunk appended per micro-batch
     # one coalesced timer: the first multiple of COALESCE at or after newest event + window + 1
-    assert timer == 70_000 and list(t.handle._timers.listTimers(SHARD)) == [70_000]
+    assert m.timer == 70_000 and list(t.handle._timers.listTimers(SHARD)) == [70_000]
+    rules = json.loads(t.peekValueState("rules", SHARD)[0])
+    assert rules["rules"]["1"][1] == "ACTIVE"
 
 
-def test_rules_processor_timer_expires_the_state_and_leaves_nothing_behind():
-    t = in_memory(RulesProcessor(lateness_ms=MIN, timer_coalesce_ms=COALESCE))
-    t.testInPandas(SHARD, keyed_frame([tx(1, 1_000)], [COUNT], 0))
+def test_rules_processor_reads_the_state_back_on_a_fresh_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path / "one"))
+    t, stream = in_memory(rules_processor("fresh")), RuleStream()
+    t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
+    shard_state._CACHES.clear()  # another process, another machine: no cache of any kind
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path / "two"))
+    out = t.testInPandas(SHARD, rows(stream, [tx(2, 2_000)], 1))
+    assert list(out[out["kind"] == "alert"]["transactionId"]) == [2]
+    stats = json.loads(out[out["kind"] == "stats"]["details"].iloc[0])
+    assert stats["chunksFromStore"] == 1 and stats["transactions"] == 1
+
+
+def test_rules_processor_timer_drops_expired_chunks_and_leaves_no_events(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("expire")), RuleStream()
+    t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
     assert t.setWatermark(69_999).empty  # before the timer: nothing fires
-    assert t.peekValueState("events", SHARD) is not None
+    assert retained(t) == [1_000]
     fired = t.setWatermark(70_000)
     assert list(fired.columns) and fired.empty  # the timer path emits no rows
-    assert t.peekValueState("events", SHARD) is None and t.peekValueState("meta", SHARD) is None
+    assert t.peekMapState("chunks", SHARD) == {} and meta(t).chunks == []
     assert list(t.handle._timers.listTimers(SHARD)) == []
+    assert t.peekValueState("rules", SHARD) is not None  # the rules stay: they are not window state
 
 
-def test_rules_processor_reports_late_rows_and_does_not_evaluate_them():
-    t = in_memory(RulesProcessor(lateness_ms=MIN, timer_coalesce_ms=COALESCE))
+def test_rules_processor_reports_late_rows_and_does_not_evaluate_them(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("late")), RuleStream()
     t.setWatermark(100_000)
-    out = t.testInPandas(SHARD, keyed_frame([tx(1, 50_000), tx(2, 150_000), tx(3, 150_000)], [COUNT], 0))
+    out = t.testInPandas(SHARD, rows(stream, [tx(1, 50_000), tx(2, 150_000), tx(3, 150_000)], 0, [COUNT]))
     late = out[out["kind"] == "late"]
     assert list(late["transactionId"]) == [1] and list(late["watermark"]) == [100_000]
-    assert list(late["reason"]) == [LATE_REASON]
+    assert list(late["reason"]) == [LATE_REASON] and list(late["key"]) == ['{"payeeId":"1"}']
     assert list(out[out["kind"] == "alert"]["transactionId"]) == [3]  # 2 and 3 counted, 1 not
-    assert sorted(decode_events(t.peekValueState("events", SHARD)[0]).t.tolist()) == [150_000, 150_000]
+    assert retained(t) == [150_000, 150_000]
 
 
-def test_rules_processor_clear_state_all_starts_the_windows_afresh():
-    t = in_memory(RulesProcessor(lateness_ms=MIN, timer_coalesce_ms=COALESCE))
-    t.testInPandas(SHARD, keyed_frame([tx(1, 1_000)], [COUNT], 0))
-    cleared = keyed_frame([tx(2, 2_000)], [COUNT], 1).assign(epoch=1)  # CLEAR_STATE_ALL was issued
-    out = t.testInPandas(SHARD, cleared)
+def test_rules_processor_clear_state_all_starts_the_windows_afresh(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("clear")), RuleStream()
+    t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
+    clear = parse_rule({"ruleId": 0, "ruleState": "CONTROL", "controlType": "CLEAR_STATE_ALL"})
+    out = t.testInPandas(SHARD, rows(stream, [tx(2, 2_000)], 1, [clear]))
     assert "alert" not in kinds(out)
-    assert decode_events(t.peekValueState("events", SHARD)[0]).t.tolist() == [2_000]
-    assert t.peekValueState("meta", SHARD)[1] == 1
+    assert retained(t) == [2_000]
+    assert json.loads(t.peekValueState("rules", SHARD)[0])["epoch"] == 1
+
+
+def test_rules_processor_rule_change_arrives_with_the_events_it_applies_to(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("change")), RuleStream()
+    t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
+    stricter = rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit="3", window=1)
+    out = t.testInPandas(SHARD, rows(stream, [tx(2, 2_000)], 1, [stricter]))  # same windows, limit 3
+    assert "alert" not in kinds(out)
+    out = t.testInPandas(SHARD, rows(stream, [tx(3, 3_000)], 2))
+    assert list(out[out["kind"] == "alert"]["ruleVersion"]) == [2]
 
 
 # ------------------------------------------------------------------ LoginProcessor
@@ -107,31 +155,39 @@ def test_rules_processor_clear_state_all_starts_the_windows_afresh():
 W = 10 * MIN
 
 
+def login_rows(stream: RuleStream, batch: list[dict], batch_no: int, rules=()) -> pd.DataFrame:
+    return pd.concat(
+        [login_frame(batch, batch_no), stream.changes(list(rules), LOGIN_EVENT_COLUMNS)], ignore_index=True
+    )
+
+
 def test_login_processor_alerts_across_batches_and_closes_the_sequence():
-    t = in_memory(LoginProcessor(timer_coalesce_ms=COALESCE))
-    t.testInPandas(SHARD, login_frame([login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)], 0))
-    (blob, active) = t.peekValueState("sequences", SHARD)
+    t, stream = in_memory(LoginProcessor([SHARD], timer_coalesce_ms=COALESCE)), RuleStream()
+    t.testInPandas(
+        SHARD, login_rows(stream, [login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)], 0, [login_rule()])
+    )
+    (blob,) = t.peekValueState("sequences", SHARD)
     assert {k: s.ips for k, s in decode_sequences(blob).items()} == {(1, 1): ["a", "b"]}
-    assert decode_active_logins(bytes(active).decode()) == {1: W}
     assert t.peekValueState("meta", SHARD) == (610_000,)  # start + W + 1, rounded up to COALESCE
-    out = t.testInPandas(SHARD, login_frame([login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 1))
+    out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 1))
     assert list(out[out["kind"] == "alert"]["userId"]) == [1]
-    assert t.peekValueState("sequences", SHARD) is None and t.peekValueState("meta", SHARD) is None
+    assert t.peekValueState("sequences", SHARD) is None and t.peekValueState("meta", SHARD) == (-1,)
     assert list(t.handle._timers.listTimers(SHARD)) == []
 
 
 def test_login_processor_timer_drops_an_expired_sequence():
-    t = in_memory(LoginProcessor(timer_coalesce_ms=COALESCE))
-    t.testInPandas(SHARD, login_frame([login(7, "FAIL", "a", 1_000)], 0))
+    t, stream = in_memory(LoginProcessor([SHARD], timer_coalesce_ms=COALESCE)), RuleStream()
+    t.testInPandas(SHARD, login_rows(stream, [login(7, "FAIL", "a", 1_000)], 0, [login_rule()]))
     assert t.setWatermark(609_999).empty and t.peekValueState("sequences", SHARD) is not None
     t.setWatermark(610_000)
-    assert t.peekValueState("sequences", SHARD) is None and t.peekValueState("meta", SHARD) is None
+    assert t.peekValueState("sequences", SHARD) is None and t.peekValueState("meta", SHARD) == (-1,)
 
 
 def test_login_processor_reports_late_events():
-    t = in_memory(LoginProcessor(timer_coalesce_ms=COALESCE))
+    t, stream = in_memory(LoginProcessor([SHARD], timer_coalesce_ms=COALESCE)), RuleStream()
     t.setWatermark(100_000)
-    out = t.testInPandas(SHARD, login_frame([login(1, "FAIL", "a", 5_000), login(2, "FAIL", "b", 200_000)], 0))
+    batch = [login(1, "FAIL", "a", 5_000), login(2, "FAIL", "b", 200_000)]
+    out = t.testInPandas(SHARD, login_rows(stream, batch, 0, [login_rule()]))
     late = out[out["kind"] == "late"]
     assert list(late["userId"]) == [1] and list(late["watermark"]) == [100_000]
     assert {k[1] for k in decode_sequences(t.peekValueState("sequences", SHARD)[0])} == {2}

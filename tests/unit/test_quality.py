@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("great_expectations")
 
-from fraudrules.engine.evaluation import Meta
 from fraudrules.ops import invariants, quality, suites
 
 NOW = datetime.now(timezone.utc).replace(tzinfo=None)
@@ -127,7 +126,7 @@ def _state(times: list[int], rule_id: int = 1, sig: int = 42) -> pd.DataFrame:
 
 def test_window_state_retention_and_active_rules():
     wm, window, lateness = 10_000_000, 600_000, 60_000
-    meta = pd.DataFrame({"shard": [0], "active": [Meta().active]})
+    meta: dict = {0: {}}
     batch_time = int(NOW.timestamp() * 1000) + 60_000  # the rule changed before this batch
     oldest_ok = wm - window - lateness
     df = invariants.derive_window_state(

@@ -209,3 +209,36 @@ def test_matches_reference_with_out_of_order_and_late_events(workload, lateness,
 def test_limit_fraction_is_exact(limit):
     n, e = rule(1, limit=limit).limit_fraction
     assert Fraction(n, 10**e) == Fraction(Decimal(limit))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(1, 2), st.integers(0, 2))
+def test_matches_reference_in_small_batches_without_caches(workload, shards, lateness_minutes):
+    """Every event its own micro-batch: chunks are merged, rewritten and dropped on the way, and every
+    batch reads them back from the state store (no cache), as on a fresh worker."""
+    batches, rules = workload
+    singles = [[t] for b in batches for t in b]
+    per_batch = [rules] * len(singles)
+    ref_alerts, ref_late = reference.run(singles, per_batch, lateness_ms=lateness_minutes * MIN)
+    got_alerts, got_late = Engine(lateness_minutes * MIN, shards, cached=False).run(singles, per_batch)
+    _assert_same(got_alerts, ref_alerts)
+    assert got_late == ref_late
+
+
+def test_long_stream_keeps_state_bounded_and_results_exact():
+    """Hours of events against 1- and 3-minute windows: retained state stays near one window's worth."""
+    rules = [
+        rule(1, agg="MAX", op="GREATER", limit="400", window=1),
+        rule(2, field="COUNT_WITH_RESET_FLINK", op="GREATER_EQUAL", limit=5, window=3, keys=("beneficiaryId",)),
+        rule(3, agg="AVG", op="LESS", limit="100", window=3, keys=("payeeId", "beneficiaryId")),
+    ]
+    txs = [tx(i, i * 1_000, payee=i % 7, ben=i % 3, amount=f"{(i * 37) % 500}.{i % 100:02d}") for i in range(3_000)]
+    batches = [txs[i : i + 25] for i in range(0, len(txs), 25)]
+    engine = Engine(0, shards=2)
+    got, _ = engine.run(batches, [rules] * len(batches))
+    ref, _ = reference.run(batches, [rules] * len(batches), lateness_ms=0)
+    _assert_same(got, ref)
+    retained = sum(c.n for s in engine.state for c in s.meta.chunks)
+    chunks = sum(len(s.meta.chunks) for s in engine.state)
+    assert retained <= 3 * (60 + 3 * 60 + 3 * 60), retained  # ≈ one window per rule, a few batches of slack
+    assert chunks <= 2 * 12, chunks

@@ -7,7 +7,7 @@ notebook locally and on Databricks.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,9 @@ from pyspark.sql import functions as F
 from fraudrules import tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import keying
+from fraudrules.engine.inputs import numeric
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.rules import store
 from fraudrules.rules.model import NUMERIC_FIELDS, Rule, parse_rule
 
 if TYPE_CHECKING:
@@ -160,16 +163,23 @@ def quarantine_reasons(quarantine: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- keying
 
 
-def key_preview(spark: SparkSession, cfg: JobConfig, transactions: DataFrame) -> DataFrame:
-    """Batch preview: how the current rules fan out and key these transactions (see `keyable`)."""
-    return keying.key_transactions(transactions, keying.active_rules(spark, cfg), cfg.shards).drop("active")
+PREVIEW_SCHEMA = "ruleId int, ruleVersion long, transactionId long, eventTime long, key string, shard int"
 
 
-def keyable(transactions: DataFrame) -> DataFrame:
-    """Bronze rows in the shape `key_preview` expects (it also carries the source file time)."""
-    if "srcTime" in transactions.columns:
-        return transactions
-    return transactions.withColumn("srcTime", F.unix_millis("ingestedAt"))
+def key_preview(spark: SparkSession, cfg: JobConfig, bronze: DataFrame) -> DataFrame:
+    """Batch preview: how the rules in force key these bronze transactions, and to which shards, by the very
+    code the stateful stage runs (`engine.keying`)."""
+    rules = RuleSet()
+    rules.apply(store.current(spark, cfg).values())
+    active = [(r, rules.sig(r.rule_id)) for r in rules.active("WINDOW")]
+    shards = cfg.shards
+
+    def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            yield keying.fan_out(keying.Transactions.of(frame), active, shards)
+
+    rows = numeric(bronze.withColumn("srcTime", F.unix_millis("ingestedAt")))
+    return rows.mapInPandas(fan_out, PREVIEW_SCHEMA)
 
 
 def fanout_per_rule(keyed: DataFrame) -> DataFrame:

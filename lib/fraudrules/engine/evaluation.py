@@ -1,54 +1,44 @@
-"""One shard's micro-batch: late events out, arrival order in, windows evaluated, state retained.
+"""One shard's micro-batch: rules applied, transactions keyed, late ones out, windows evaluated, state kept.
 
-Pure pandas/numpy; the transformWithState processor (`processors.py`) only moves state in and out.
-Input rows are keyed transactions (one row per transaction × ACTIVE rule, from `keying.py`).
+Pure pandas/numpy; the transformWithState processor (`processor.py`) only moves state in and out.
+Input rows are the micro-batch's transactions (every shard gets all of them) and rule changes.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from fraudrules.engine.windowing import Events, Retention, evaluate, retain
-from fraudrules.rules.codec import decode_active_windows, decode_spec
+from fraudrules.engine import keying
+from fraudrules.engine.keying import Transactions
+from fraudrules.engine.messages import window_message
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.engine.state import Bounds, ShardEvents, death_time
+from fraudrules.engine.windowing import Events, evaluate
+from fraudrules.rules.codec import RULE_CHANGE, decode_change
 from fraudrules.rules.model import Rule
 
-# Columns the keyed stream carries into the stateful stage, in order. Kept narrow on purpose: every
-# byte per row is shuffled, sorted and shipped to Python.
-KEYED_COLUMNS = (
-    "shard",
-    "transactionId",
-    "eventTime",
-    "ingestionTimestamp",
-    "srcTime",
-    "srcId",
-    "srcPos",
-    "ruleId",
-    "sig",
-    "spec",
-    "key",
-    "val",
-    "uniq",
-    "active",
-    "epoch",
-)
+LATE_REASON = "eventTime behind the watermark on arrival"
+# Output of both processors (window rules and the login detector), one schema for one sink.
 OUTPUT_SCHEMA = (
-    "kind string, shard int, ruleId long, ruleVersion long, transactionId long, eventTime long, "
-    "ingestionTimestamp long, key string, aggregate string, watermark long, producedAt long, reason string"
+    "kind string, shard int, ruleId int, ruleVersion long, transactionId long, userId long, eventTime long, "
+    "ingestionTimestamp long, key string, aggregate string, watermark long, producedAt long, reason string, "
+    "message string, details string, rule string"
 )
 OUTPUT_COLUMNS = tuple(part.strip().split(" ")[0] for part in OUTPUT_SCHEMA.split(","))
 
 
-def typed(frame: pd.DataFrame, schema: str) -> pd.DataFrame:
+def typed(frame: pd.DataFrame) -> pd.DataFrame:
     """Output rows with one clean dtype per column (nullable integers, strings with None), in schema order.
 
     Rows of different kinds leave different columns empty; mixed object columns would not convert to Arrow.
     """
     out = {}
-    for part in schema.split(","):
+    for part in OUTPUT_SCHEMA.split(","):
         name, kind = part.split()
         col = frame[name] if name in frame else pd.Series([None] * len(frame), index=frame.index)
         if kind in ("long", "int"):
@@ -58,126 +48,183 @@ def typed(frame: pd.DataFrame, schema: str) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-LATE_REASON = "eventTime behind the watermark on arrival"
+@dataclass
+class Batch:
+    """What one shard was given: its share of the stateful stage's input rows, events and rule changes."""
+
+    events: pd.DataFrame
+    rule_changes: list[dict]
+
+    @staticmethod
+    def of(rows: pd.DataFrame) -> Batch:
+        is_rule = rows[RULE_CHANGE].notna().to_numpy()
+        return Batch(rows[~is_rule], [decode_change(t) for t in rows[RULE_CHANGE][is_rule]])
 
 
 @dataclass
-class Meta:
-    """Per-shard bookkeeping kept beside the retained events."""
+class Timings:
+    started: float = field(default_factory=time.perf_counter)
+    parts: dict[str, float] = field(default_factory=dict)
 
-    next_seq: int = 0
-    epoch: int = 0
-    active: str = ""  # last seen ACTIVE rules as "ruleId:sig:windowMs,..."
-    timer: int = -1  # registered cleanup timer (event time ms), -1 = none
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.parts[name] = self.parts.get(name, 0.0) + (now - self.started) * 1000
+        self.started = now
 
-    def active_rules(self) -> dict[int, tuple[int, int]]:
-        """{ruleId: (sig, windowMs)} of the rules ACTIVE at the last batch this shard saw."""
-        return decode_active_windows(self.active)
+
+@dataclass
+class Keyed:
+    """The batch's non-late keyed events, with the transaction row each came from."""
+
+    events: Events
+    rows: np.ndarray
+    late: pd.DataFrame
+
+
+def key_batch(
+    tx: Transactions, rules: RuleSet, active: list[Rule], seq: np.ndarray, watermark: int, shard: int, shards: int
+) -> Keyed:
+    """Key the transactions by every ACTIVE rule; keep the groups this shard owns; set late ones apart."""
+    late_mask = tx.column("eventTime") < watermark if watermark > 0 else np.zeros(len(tx), dtype=bool)
+    parts, rows, late = [], [], []
+    for rule in active:
+        k = keying.key(tx, rule, rules.sig(rule.rule_id), shards)
+        k = k.take(k.shard == shard)
+        is_late = late_mask[k.rows]
+        if is_late.any():
+            late.append(_event_rows(tx, rule, k.rows[is_late], kind="late", reason=LATE_REASON))
+        on = ~is_late
+        n = int(on.sum())
+        parts.append(
+            Events(
+                rule=np.full(n, rule.rule_id, dtype=np.int64),
+                sig=np.full(n, rules.sig(rule.rule_id), dtype=np.int64),
+                g=k.g[on],
+                h2=k.h2[on],
+                t=tx.column("eventTime")[k.rows[on]],
+                seq=seq[k.rows[on]],
+                val=k.val[on],
+                uniq=k.uniq[on],
+                tx=tx.column("transactionId")[k.rows[on]],
+            )
+        )
+        rows.append(k.rows[on])
+    events = Events.concat(parts)
+    index = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    late_rows = pd.concat(late, ignore_index=True) if late else pd.DataFrame(columns=["kind"])
+    return Keyed(events, index, late_rows)
+
+
+def _event_rows(tx: Transactions, keyed_by: Rule, rows: np.ndarray, **values: object) -> pd.DataFrame:
+    """Output rows about keyed transactions: their identity, key and rule, plus the given columns."""
+    f = tx.frame
+    keys = [keying.key_text(keyed_by, keying.key_values(tx, keyed_by, int(r))) for r in rows]
+    return pd.DataFrame(
+        {
+            "ruleId": keyed_by.rule_id,
+            "ruleVersion": keyed_by.version,
+            "transactionId": f["transactionId"].to_numpy()[rows],
+            "eventTime": f["eventTime"].to_numpy()[rows],
+            "ingestionTimestamp": f["ingestionTimestamp"].to_numpy()[rows],
+            "key": keys,
+            **values,
+        }
+    )
 
 
 @dataclass
 class StepResult:
     output: pd.DataFrame
-    state: Events
-    meta: Meta
-    next_expiry: int  # event time at which the oldest retained group can be dropped, -1 if none
-
-
-def rules_of(rows: pd.DataFrame) -> dict[int, Rule]:
-    pairs = rows.drop_duplicates("ruleId")[["ruleId", "spec"]].itertuples(index=False)
-    return {int(rid): decode_spec(int(rid), spec) for rid, spec in pairs}
-
-
-def retention(active: dict[int, tuple[int, int]], horizon: int) -> Retention:
-    """Per ACTIVE rule: its signature and the event time below which its events are never needed again.
-
-    `horizon` is a lower bound of every future watermark; a non-late event at T ≥ horizon looks back
-    to T − W ≥ horizon − W at most.
-    """
-    return {rid: (sig, horizon - window) for rid, (sig, window) in active.items()}
-
-
-def next_expiry(state: Events, active: dict[int, tuple[int, int]]) -> int:
-    """Smallest watermark at which some group's newest event has left its rule's window."""
-    if len(state) == 0:
-        return -1
-    frame = pd.DataFrame({"rule": state.rule, "t": state.t})
-    newest = frame.groupby("rule")["t"].max()
-    ends = [int(t) + active.get(int(r), (0, 0))[1] + 1 for r, t in newest.items()]
-    return min(ends)
+    next_expiry: int  # event time at which the oldest chunk can go, -1 if none
+    rules_changed: bool
+    counts: dict[str, int]
 
 
 def step(
-    batch: pd.DataFrame,
-    state: Events,
-    meta: Meta,
+    batch: Batch,
+    rules: RuleSet,
+    store: ShardEvents,
     watermark: int,
     lateness_ms: int,
     shard: int,
+    shards: int,
     now_ms: int | None = None,
+    timings: Timings | None = None,
 ) -> StepResult:
-    """Process one shard's rows of one micro-batch."""
+    """Process one shard's rows of one micro-batch; `store` is updated in place."""
+    timings = timings or Timings()
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    batch = batch.sort_values(["eventTime", "srcTime", "srcId", "srcPos", "ruleId"], kind="stable")
-    batch = batch.reset_index(drop=True)
-    epoch = int(batch["epoch"].iloc[0])
-    if epoch > meta.epoch:  # CLEAR_STATE_ALL issued since this shard last ran
-        state, meta = Events.empty(), Meta(next_seq=meta.next_seq, epoch=epoch, timer=meta.timer)
-    meta.active = str(batch["active"].iloc[0])
-    active = meta.active_rules()
+    epoch = rules.epoch
+    changed = rules.apply(batch.rule_changes)
+    if rules.epoch > epoch:  # CLEAR_STATE_ALL since this shard last ran: forget every window
+        store.clear()
+    tx = Transactions.of(batch.events)
+    seq = store.meta.next_seq + np.arange(len(tx), dtype=np.int64)
+    store.meta.next_seq += len(tx)
+    active = rules.active("WINDOW")
+    by_id = {r.rule_id: r for r in active}
+    keyed = key_batch(tx, rules, active, seq, watermark, shard, shards)
+    timings.lap("keying")
 
-    rules = rules_of(batch)
-    batch["ruleVersion"] = batch["ruleId"].map({rid: rule.version for rid, rule in rules.items()})
-    late = batch["eventTime"].to_numpy(np.int64) < watermark if watermark > 0 else np.zeros(len(batch), bool)
-    live = batch[~late].reset_index(drop=True)
-    n = len(live)
-    new = Events(
-        rule=live["ruleId"].to_numpy(np.int64),
-        sig=live["sig"].to_numpy(np.int64),
-        key=live["key"].to_numpy(object),
-        t=live["eventTime"].to_numpy(np.int64),
-        seq=meta.next_seq + np.arange(n, dtype=np.int64),
-        val=live["val"].to_numpy(np.int64),
-        uniq=live["uniq"].to_numpy(np.int64),
-    )
-    meta.next_seq += n
+    store.load()
+    timings.lap("state_read")
+    base = store.base(keyed.events, by_id)
+    distinct = [r.rule_id for r in active if r.unique]  # not combinable: their groups' events themselves
+    old = store.gather(keyed.events.g[np.isin(keyed.events.rule, distinct)]) if distinct else Events.empty()
+    timings.lap("retained")
+    result = evaluate(old, keyed.events, by_id, base)
+    timings.lap("evaluate")
 
-    horizon = max(watermark, int(batch["eventTime"].max()) - lateness_ms)
-    result = evaluate(state, new, rules, retention(active, horizon))
+    horizon = max(watermark, int(tx.column("eventTime").max()) - lateness_ms) if len(tx) else watermark
+    store.add_resets(result.resets)
+    store.append(keyed.events.take(np.flatnonzero(result.keep)), Bounds.of(rules.windows(), horizon))
+    timings.lap("state_write")
 
     common = {"shard": shard, "watermark": watermark, "producedAt": now_ms}
-    fired = live.iloc[result.fired.index]
-    alerts = _event_rows(fired, kind="alert", aggregate=[str(a) for a in result.fired.aggregates()], **common)
-    lates = _event_rows(batch[late], kind="late", reason=LATE_REASON, **common)
-    # one row per rule version evaluated here: its event count (aggregate) and time, for the rule-apply delay
-    seen = live.groupby(["ruleId", "ruleVersion"]).size().reset_index(name="n")
-    applied = pd.DataFrame(
+    alerts = _alerts(tx, keyed, result.fired, by_id)
+    seen = _rules_seen(keyed, by_id)
+    frames = [f.assign(**common) for f in (alerts, keyed.late, seen) if len(f)]
+    output = typed(pd.concat(frames, ignore_index=True)) if frames else typed(pd.DataFrame())
+    expiry = min((death_time(c, rules.windows()) for c in store.meta.chunks), default=-1)
+    timings.lap("output")
+    counts = {"transactions": len(tx), "events": len(keyed.events), "gathered": len(old)}
+    return StepResult(output, expiry, changed, counts)
+
+
+def _alerts(tx: Transactions, keyed: Keyed, fired, rules: dict[int, Rule]) -> pd.DataFrame:
+    parts = []
+    aggregates = np.array([str(a) for a in fired.aggregates()], dtype=object)
+    fired_rules = keyed.events.rule[fired.index]
+    for rid in np.unique(fired_rules):
+        rule = rules[int(rid)]
+        sel = fired_rules == rid
+        rows = keyed.rows[fired.index[sel]]
+        frame = _event_rows(tx, rule, rows, kind="alert", aggregate=aggregates[sel], rule=json.dumps(rule.to_json()))
+        frame["message"] = [window_message(rule, k, a) for k, a in zip(frame["key"], frame["aggregate"], strict=True)]
+        parts.append(frame)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _rules_seen(keyed: Keyed, rules: dict[int, Rule]) -> pd.DataFrame:
+    """One row per rule version evaluated here: its event count, for the rule-apply delay and input counts."""
+    ids, counts = np.unique(keyed.events.rule, return_counts=True)
+    return pd.DataFrame(
         {
             "kind": "rule",
-            "shard": shard,
-            "ruleId": seen["ruleId"].to_numpy(np.int64),
-            "ruleVersion": seen["ruleVersion"].to_numpy(np.int64),
-            "transactionId": None,
-            "eventTime": None,
-            "ingestionTimestamp": None,
-            "key": None,
-            "aggregate": seen["n"].astype(str).to_numpy(object),
-            "watermark": watermark,
-            "producedAt": now_ms,
-            "reason": None,
+            "ruleId": ids,
+            "ruleVersion": [rules[int(r)].version for r in ids],
+            "aggregate": counts.astype(str),
         }
     )
-    output = typed(pd.concat([alerts, lates, applied], ignore_index=True), OUTPUT_SCHEMA)
-    return StepResult(output, result.state, meta, next_expiry(result.state, active))
 
 
-def _event_rows(rows: pd.DataFrame, **values: object) -> pd.DataFrame:
-    """Output rows about keyed events (alerts, late events): their identity plus the given columns."""
-    return rows[["ruleId", "ruleVersion", "transactionId", "eventTime", "ingestionTimestamp", "key"]].assign(**values)
-
-
-def expire(state: Events, meta: Meta, watermark: int) -> tuple[Events, int]:
-    """Timer path: drop what the watermark has passed, using the rules last seen by this shard."""
-    active = meta.active_rules()
-    kept = state.take(retain(state, retention(active, watermark)))
-    return kept, next_expiry(kept, active)
+def stats_row(shard: int, store: ShardEvents, counts: dict[str, int], timings: Timings) -> pd.DataFrame:
+    """What a shard did in a micro-batch and where its Python time went (kind "stats")."""
+    details = {
+        **counts,
+        "retained": sum(c.n for c in store.meta.chunks),
+        "chunks": len(store.meta.chunks),
+        "chunksFromStore": store.read_from_store,
+        "ms": {k: round(v, 2) for k, v in timings.parts.items()},
+    }
+    return typed(pd.DataFrame({"kind": ["stats"], "shard": [shard], "details": [json.dumps(details)]}))

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from fraudrules.rules.model import PAYMENT_TYPES
+
 MAX_EVENT_TIME_MS = 4_102_444_800_000  # 2100-01-01: anything later (or negative) is not a real payment time
-PAYMENT_TYPES = ("CSH", "CRD")
+MAX_AMOUNT = 10**16  # exclusive; amounts are evaluated as whole cents in 64-bit integers
 RAW_COLUMNS = ("value", "srcTime", "srcName", "srcPos")
 
 
@@ -65,7 +67,7 @@ def parse(raw: DataFrame) -> DataFrame:
     checks += [
         (F.col("amount10").isNull(), "paymentAmount is not a number"),
         (F.col("amount10") != F.round("amount10", 2), "paymentAmount has more than 2 decimal places"),
-        (F.abs("amount10") >= F.lit(10**18), "paymentAmount out of range"),
+        (F.abs("amount10") >= F.lit(MAX_AMOUNT), "paymentAmount out of range"),
         (~F.col("paymentType").isin(*PAYMENT_TYPES), "unknown paymentType (expected CSH or CRD)"),
         ((F.col("eventTime") < 0) | (F.col("eventTime") > MAX_EVENT_TIME_MS), "eventTime out of range"),
         (

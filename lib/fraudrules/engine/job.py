@@ -1,16 +1,17 @@
-"""The continuous job: an ingest query (bronze + quarantine) and an evaluation query (alerts).
+"""The continuous job: rule changes, bronze ingest, and the stateful queries (window rules, logins).
 
-Both read the same source, each with its own checkpoint, so that an alert is one micro-batch away
-from ingestion rather than two.
+Bronze ingest and evaluation read the same source, each with its own checkpoint, so that an alert is one
+micro-batch away from ingestion rather than two. The stateful queries run in their own scheduler pool:
+on a small machine the other queries never make them wait for a core longer than a task.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from fraudrules import tables
@@ -24,49 +25,67 @@ from fraudrules.config import (
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, keying
+from fraudrules.engine import ingest, inputs
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
-from fraudrules.engine.logins import LOGIN_OUTPUT_SCHEMA
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
-from fraudrules.engine.sinks import AlertSink, Printer, RuleChangeSink, write_bronze
+from fraudrules.engine.sinks import (
+    BACKGROUND_POOL,
+    Committer,
+    IngestSink,
+    Printer,
+    ResultSink,
+    RuleChangeSink,
+    publish_alerts,
+)
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
 
+STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
+HOT_POOL = "evaluate"  # the stateful queries' scheduler pool (fairscheduler.xml)
 
-def watermarked(df: DataFrame, time_ms_column: str, lateness_ms: int) -> DataFrame:
-    """The event-time watermark on an epoch-ms column, declared on a helper column that is dropped at
-    once: the stateful stage still receives the query's watermark, but Spark no longer discards late
-    rows before the processor can report them."""
-    return (
-        df.withColumn("wm_ts", F.timestamp_millis(time_ms_column))
-        .withWatermark("wm_ts", f"{lateness_ms} milliseconds")
-        .drop("wm_ts")
-    )
+
+def namespace(cfg: JobConfig, query: str) -> str:
+    """Names the state caches of one checkpoint (see chunks.Cache)."""
+    return hashlib.sha1(cfg.checkpoint(query).encode()).hexdigest()[:16]
 
 
 def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
-    """Source records → keyed events → windowed evaluation: the processor's output rows."""
-    tx = watermarked(ingest.valid(ingest.parse(raw)), "eventTime", cfg.lateness_ms)
-    keyed = keying.key_transactions(tx, keying.active_rules(spark, cfg), cfg.shards)
-    return keyed.groupBy("shard").transformWithStateInPandas(
-        RulesProcessor(cfg.lateness_ms), OUTPUT_SCHEMA, "append", "EventTime"
-    )
+    """Source records and rule changes → keyed, windowed evaluation: the processor's output rows."""
+    labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
+    processor = RulesProcessor(cfg.lateness_ms, labels, namespace(cfg, EVALUATE_QUERY))
+    keyed = inputs.window_input(spark, cfg, raw, labels).groupBy("shard")
+    return keyed.transformWithStateInPandas(processor, OUTPUT_SCHEMA, "append", "EventTime")
 
 
-def start_query(df: DataFrame, sink: Callable[[DataFrame, int], None], cfg: JobConfig, name: str) -> StreamingQuery:
-    """Start one query with its foreachBatch sink, checkpoint and the configured trigger."""
+def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
+    """Login records and rule changes → per-user sequences: the login processor's output rows."""
+    labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
+    by_user = inputs.login_input(spark, cfg, raw, labels).groupBy("shard")
+    return by_user.transformWithStateInPandas(LoginProcessor(labels), OUTPUT_SCHEMA, "append", "EventTime")
+
+
+def start_query(
+    spark: SparkSession, df: DataFrame, sink: Callable[[DataFrame, int], None], cfg: JobConfig, name: str
+) -> StreamingQuery:
+    """Start one query with its foreachBatch sink, checkpoint, trigger and scheduler pool."""
+    stateful = name in STATEFUL
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", HOT_POOL if stateful else BACKGROUND_POOL)
     writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
     if cfg.available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{int(cfg.trigger_seconds * 1000)} milliseconds")
-    return writer.start()
+        seconds = cfg.trigger_seconds if stateful else cfg.background_trigger_seconds
+        writer = writer.trigger(processingTime=f"{int(seconds * 1000)} milliseconds")
+    try:
+        return writer.start()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
 
 
 class Job:
-    """The running queries of the job, by name."""
+    """The running queries of the job, by name, and the committers of the stateful ones."""
 
-    def __init__(self, queries: dict[str, StreamingQuery]):
-        self.by_name = queries
+    def __init__(self, queries: dict[str, StreamingQuery], committers: list[Committer]):
+        self.by_name, self.committers = queries, committers
 
     def __getattr__(self, name: str) -> StreamingQuery:
         try:
@@ -79,31 +98,33 @@ class Job:
         return list(self.by_name.values())
 
     def wait(self) -> None:
+        """Until every query ends (available-now), then everything committed."""
         for q in self.queries:
             q.awaitTermination()
+        self.commit()
+
+    def commit(self) -> None:
+        """Commit every finished micro-batch's results to Delta now."""
+        for c in self.committers:
+            c.commit_pending()
 
     def process_all_available(self) -> None:
         for q in self.queries:
             q.processAllAvailable()
+        self.commit()
 
     def stop(self, drain_s: float = 30.0) -> None:
-        """Stop every query; with `drain_s`, each first gets that long to finish the micro-batch it is in
-        (stopping interrupts a running batch: it is redone on restart, but the JVM reports the interruption)."""
+        """Stop every query, then commit what their committers hold; with `drain_s`, each query first gets
+        that long to finish the micro-batch it is in (stopping interrupts a running batch: it is redone on
+        restart, but the JVM reports the interruption)."""
         deadline = time.monotonic() + drain_s
         for q in self.queries:
             while q.isActive and q.status["isTriggerActive"] and time.monotonic() < deadline:
-                time.sleep(0.2)
+                time.sleep(0.1)
             if q.isActive:
                 q.stop()
-
-
-def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
-    """Login records → detector rules fan-out → per-user sequences: the login processor's output rows."""
-    events = watermarked(ingest.valid(ingest.parse_logins(raw)), "eventTimestamp", cfg.lateness_ms)
-    keyed = keying.key_logins(events, keying.active_login_rules(spark, cfg), cfg.shards)
-    return keyed.groupBy("shard").transformWithStateInPandas(
-        LoginProcessor(), LOGIN_OUTPUT_SCHEMA, "append", "EventTime"
-    )
+        for c in self.committers:
+            c.stop()
 
 
 def query(
@@ -112,23 +133,41 @@ def query(
     """The named query's streaming DataFrame and its foreachBatch sink (`raw`: the transactions source)."""
     if name == RULES_QUERY:
         return rule_changes(spark, cfg), RuleChangeSink(cfg, printer)
-    if name in (INGEST_QUERY, EVALUATE_QUERY):
+    if name == INGEST_QUERY:
         raw = raw if raw is not None else raw_transactions(spark, cfg)
-        if name == INGEST_QUERY:
-            return ingest.parse(raw), lambda df, bid: write_bronze(df, cfg, bid, INGEST_QUERY)
-        return evaluate(spark, cfg, raw), AlertSink(cfg, EVALUATE_QUERY, printer)
+        return ingest.parse(raw), IngestSink(cfg, INGEST_QUERY)
     if name == LOGINS_INGEST_QUERY:
-        return ingest.parse_logins(raw_logins(spark, cfg)), lambda df, bid: write_bronze(
-            df, cfg, bid, LOGINS_INGEST_QUERY, kind="login"
-        )
-    if name == LOGINS_QUERY:
-        return detect_logins(spark, cfg, raw_logins(spark, cfg)), AlertSink(cfg, LOGINS_QUERY, printer, logins=True)
+        return ingest.parse_logins(raw_logins(spark, cfg)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
+    if name in STATEFUL:
+        committer = Committer(spark, cfg, name, printer)
+        publish = (lambda alerts: publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
+        sink = ResultSink(committer, publish, printer)
+        if name == EVALUATE_QUERY:
+            raw = raw if raw is not None else raw_transactions(spark, cfg)
+            return evaluate(spark, cfg, raw), sink
+        return detect_logins(spark, cfg, raw_logins(spark, cfg)), sink
     raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
 
 
-def start(spark: SparkSession, cfg: JobConfig, raw: DataFrame | None = None, printer: Printer | None = print) -> Job:
-    """Create missing tables and start the queries: rules, ingest + evaluate, and (cfg.logins) the login ones."""
+def start(
+    spark: SparkSession,
+    cfg: JobConfig,
+    raw: DataFrame | None = None,
+    printer: Printer | None = print,
+    names: tuple[str, ...] | None = None,
+) -> Job:
+    """Create missing tables, commit what a previous run left in the outboxes, start the queries:
+    rules, ingest + evaluate, and (cfg.logins) the login ones."""
     tables.ensure(spark, cfg)
     raw = raw if raw is not None else raw_transactions(spark, cfg)
-    names = QUERIES if cfg.logins else TRANSACTION_QUERIES
-    return Job({name: start_query(*query(spark, cfg, name, printer, raw), cfg, name) for name in names})
+    names = names or (QUERIES if cfg.logins else TRANSACTION_QUERIES)
+    queries, committers = {}, []
+    for name in names:
+        df, sink = query(spark, cfg, name, printer, raw)
+        if isinstance(sink, ResultSink):
+            sink.committer.commit_pending()  # a previous run's results first: Delta sees them in batch order
+            committers.append(sink.committer)
+        queries[name] = start_query(spark, df, sink, cfg, name)
+    for c in committers:
+        c.start()
+    return Job(queries, committers)

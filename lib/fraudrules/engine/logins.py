@@ -7,6 +7,7 @@ starts a new one. A SUCCESS inside it alerts iff the sequence holds ≥ minFailu
 An expired sequence (start + W behind the watermark) is dropped; that never changes a result.
 
 This module is the pure per-shard step; the transformWithState adapter is `processors.LoginProcessor`.
+The detector rules a shard holds come with the events, as rule changes (see `ruleset`).
 """
 
 from __future__ import annotations
@@ -16,32 +17,11 @@ import time
 from dataclasses import dataclass, field
 
 import pandas as pd
+import pyarrow as pa
 
-from fraudrules.engine.evaluation import LATE_REASON, typed
-from fraudrules.rules.codec import decode_active_logins
-
-LOGIN_COLUMNS = (
-    "shard",
-    "userId",
-    "eventType",
-    "ipAddress",
-    "eventTimestamp",
-    "ingestionTimestamp",
-    "srcTime",
-    "srcId",
-    "srcPos",
-    "ruleId",
-    "ruleVersion",
-    "minFailures",
-    "minDistinctIps",
-    "windowMs",
-    "active",
-)
-LOGIN_OUTPUT_SCHEMA = (
-    "kind string, shard int, ruleId long, ruleVersion long, userId long, eventTime long, ingestionTimestamp long, "
-    "key string, aggregate string, watermark long, producedAt long, reason string, details string, message string"
-)
-LOGIN_OUTPUT_COLUMNS = tuple(part.strip().split(" ")[0] for part in LOGIN_OUTPUT_SCHEMA.split(","))
+from fraudrules.engine.evaluation import LATE_REASON, OUTPUT_COLUMNS, Batch, typed
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.rules.model import LOGIN_RULE, Rule
 
 
 @dataclass
@@ -51,6 +31,30 @@ class Sequence:
 
 
 State = dict[tuple[int, int], Sequence]  # (ruleId, userId) -> open sequence
+
+
+def encode_sequences(state: State) -> bytes:
+    """A shard's open sequences as one Arrow IPC file (the login processor's state value)."""
+    table = pa.table(
+        {
+            "rule": pa.array([k[0] for k in state], type=pa.int64()),
+            "user": pa.array([k[1] for k in state], type=pa.int64()),
+            "start": pa.array([s.start for s in state.values()], type=pa.int64()),
+            "ips": pa.array([s.ips for s in state.values()], type=pa.list_(pa.string())),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_sequences(blob: bytes | None) -> State:
+    if not blob:
+        return {}
+    t = pa.ipc.open_file(pa.py_buffer(blob)).read_all().to_pydict()
+    rows = zip(t["rule"], t["user"], t["start"], t["ips"], strict=True)
+    return {(int(r), int(u)): Sequence(int(s), list(ips)) for r, u, s, ips in rows}
 
 
 def _alert(seq: Sequence, distinct: list[str], user: int, ip: str, t: int) -> dict:
@@ -70,6 +74,11 @@ def _alert(seq: Sequence, distinct: list[str], user: int, ip: str, t: int) -> di
     return {"kind": "alert", "aggregate": str(len(seq.ips)), "details": json.dumps(details), "message": message}
 
 
+def windows_of(rules: RuleSet) -> dict[int, int]:
+    """ruleId -> window ms of the ACTIVE detector rules."""
+    return {r.rule_id: r.window_ms for r in rules.active(LOGIN_RULE)}
+
+
 def expire(state: State, windows: dict[int, int], watermark: int) -> State:
     """Drop sequences whose window the watermark has passed, and those of rules no longer ACTIVE."""
     return {k: s for k, s in state.items() if k[0] in windows and s.start + windows[k[0]] >= watermark}
@@ -80,42 +89,52 @@ def next_expiry(state: State, windows: dict[int, int]) -> int:
 
 
 def step(
-    batch: pd.DataFrame, state: State, watermark: int, shard: int, now_ms: int | None = None
-) -> tuple[pd.DataFrame, State, dict[int, int]]:
-    """One shard's login events of one micro-batch: (output rows, next state, active windows)."""
+    batch: Batch, rules: RuleSet, state: State, watermark: int, shard: int, now_ms: int | None = None
+) -> tuple[pd.DataFrame, State]:
+    """One shard's login events of one micro-batch: (output rows, next state)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    batch = batch.sort_values(["eventTimestamp", "srcTime", "srcId", "srcPos", "ruleId"], kind="stable")
-    windows = decode_active_logins(str(batch["active"].iloc[0]))
+    epoch = rules.epoch
+    rules.apply(batch.rule_changes)
+    if rules.epoch > epoch:  # CLEAR_STATE_ALL
+        state = {}
+    active: list[Rule] = rules.active(LOGIN_RULE)
+    windows = windows_of(rules)
     state = {k: s for k, s in state.items() if k[0] in windows}
+    events = batch.events.sort_values(["eventTimestamp", "srcTime", "srcId", "srcPos"], kind="stable")
     out: list[dict] = []
-    for ev in batch.itertuples(index=False):
+    seen = dict.fromkeys(windows, 0)
+    for ev in events.itertuples(index=False):
+        t, user = int(ev.eventTimestamp), int(ev.userId)
         base = {
-            "shard": shard,
-            "ruleId": ev.ruleId,
-            "ruleVersion": ev.ruleVersion,
-            "userId": ev.userId,
-            "eventTime": ev.eventTimestamp,
+            "userId": user,
+            "eventTime": t,
             "ingestionTimestamp": ev.ingestionTimestamp,
-            "key": f'{{"userId":"{ev.userId}"}}',
-            "watermark": watermark,
-            "producedAt": now_ms,
+            "key": f'{{"userId":"{user}"}}',
         }
-        t = int(ev.eventTimestamp)
-        if watermark > 0 and t < watermark:
-            out.append({**base, "kind": "late", "reason": LATE_REASON})
-            continue
-        k = (int(ev.ruleId), int(ev.userId))
-        seq = state.get(k)
-        is_open = seq is not None and t <= seq.start + int(ev.windowMs)
-        if ev.eventType == "FAIL":
-            if is_open:
-                seq.ips.append(ev.ipAddress)
-            else:
-                state[k] = Sequence(t, [ev.ipAddress])
-        elif is_open:  # SUCCESS inside an open sequence: decide, then close it
-            distinct = sorted(set(seq.ips))
-            if len(seq.ips) >= ev.minFailures and len(distinct) >= ev.minDistinctIps and ev.ipAddress not in distinct:
-                out.append({**base, **_alert(seq, distinct, ev.userId, ev.ipAddress, t)})
-            del state[k]
-    frame = typed(pd.DataFrame(out, columns=list(LOGIN_OUTPUT_COLUMNS)), LOGIN_OUTPUT_SCHEMA)
-    return frame, expire(state, windows, watermark), windows
+        for rule in active:
+            row = {**base, "ruleId": rule.rule_id, "ruleVersion": rule.version}
+            if watermark > 0 and t < watermark:
+                out.append({**row, "kind": "late", "reason": LATE_REASON})
+                continue
+            seen[rule.rule_id] += 1
+            k = (rule.rule_id, user)
+            seq = state.get(k)
+            is_open = seq is not None and t <= seq.start + rule.window_ms
+            if ev.eventType == "FAIL":
+                if is_open:
+                    seq.ips.append(ev.ipAddress)
+                else:
+                    state[k] = Sequence(t, [ev.ipAddress])
+            elif is_open:  # SUCCESS inside an open sequence: decide, then close it
+                distinct = sorted(set(seq.ips))
+                new_ip = ev.ipAddress not in distinct
+                if len(seq.ips) >= rule.min_failures and len(distinct) >= rule.min_distinct_ips and new_ip:
+                    alert = _alert(seq, distinct, user, ev.ipAddress, t)
+                    out.append({**row, **alert, "rule": json.dumps(rule.to_json())})
+                del state[k]
+    versions = {r.rule_id: r.version for r in active}
+    out += [
+        {"kind": "rule", "ruleId": r, "ruleVersion": versions[r], "aggregate": str(n)} for r, n in seen.items() if n
+    ]
+    frame = pd.DataFrame(out, columns=list(OUTPUT_COLUMNS)).assign(shard=shard, watermark=watermark, producedAt=now_ms)
+    return typed(frame), expire(state, windows, watermark)

@@ -1,13 +1,15 @@
-"""The transformWithState stages: one call per shard per micro-batch, state read and written once.
+"""The transformWithState adapters: one call per shard per micro-batch, few state calls.
 
-Per-event (or even per-key) state calls cost about a millisecond each through the Python state
-API, so a shard's state lives in one Arrow-encoded value (`state.py`) and is processed by the pure
-steps (`evaluation.step` for window rules, `logins.step` for the login detector). One event-time
-timer per shard, coalesced, cleans up shards that stop receiving events.
+Python state calls cost a socket round trip each. A window-rules shard keeps its rules (one value), its
+chunk catalog (one value), COUNT_WITH_RESET bookkeeping (one value) and its events as chunks in a map (one
+entry written per batch, see `state`); one event-time timer per shard, coalesced, drops chunks whose events
+have all left their windows, also when the shard gets no more events. A login shard keeps its rules, its
+open sequences (one value, small: sequences last minutes) and one coalesced timer.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pandas as pd
@@ -16,122 +18,175 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from fraudrules.engine import logins
-from fraudrules.engine.evaluation import OUTPUT_COLUMNS, Meta, expire, step
-from fraudrules.engine.logins import LOGIN_OUTPUT_COLUMNS, State
-from fraudrules.engine.state import decode_events, decode_sequences, encode_events, encode_sequences
-from fraudrules.engine.windowing import Events
-from fraudrules.rules.codec import decode_active_logins, encode_active_logins
+from fraudrules.engine.evaluation import OUTPUT_COLUMNS, Batch, Timings, stats_row, step
+from fraudrules.engine.logins import decode_sequences, encode_sequences
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.engine.state import Bounds, Meta, Resets, ShardEvents, cache_for, death_time, drop_dead
 
-META_SCHEMA = StructType(
-    [
-        StructField("next_seq", LongType()),
-        StructField("epoch", LongType()),
-        StructField("active", StringType()),
-        StructField("timer", LongType()),
-    ]
-)
-EVENTS_SCHEMA = StructType([StructField("blob", BinaryType())])
+TEXT = StructType([StructField("text", StringType())])
+BLOB = StructType([StructField("blob", BinaryType())])
+CHUNK_ID = StructType([StructField("id", LongType())])
 
 
-class RulesProcessor(StatefulProcessor):
-    def __init__(self, lateness_ms: int, timer_coalesce_ms: int = 10_000):
-        self.lateness_ms = lateness_ms
-        self.coalesce_ms = timer_coalesce_ms
+def coalesce(t: int, step_ms: int) -> int:
+    """Round a timer up to the next multiple of `step_ms`: one timer serves many expiries."""
+    return -(-t // step_ms) * step_ms
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
+
+class MapBackend:
+    """A shard's chunks in the map state `chunks` (id → compressed Arrow file)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def put_chunk(self, chunk_id: int, blob: bytes) -> None:
+        self.state.updateValue((chunk_id,), (blob,))
+
+    def remove_chunk(self, chunk_id: int) -> None:
+        self.state.removeKey((chunk_id,))
+
+    def chunks(self) -> Iterator[tuple[int, bytes]]:
+        for k, v in self.state.iterator():
+            yield int(k[0]), bytes(v[0])
+
+
+class ShardState:
+    """Load and save of one shard's rules, catalog and reset bookkeeping."""
+
+    def __init__(self, handle: StatefulProcessorHandle):
         self.handle = handle
-        self.meta_state = handle.getValueState("meta", META_SCHEMA)
-        self.events_state = handle.getValueState("events", EVENTS_SCHEMA)
+        self.rules = handle.getValueState("rules", TEXT)
+        self.meta = handle.getValueState("meta", TEXT)
+        self.resets = handle.getValueState("resets", BLOB)
+        self.backend = MapBackend(handle.getMapState("chunks", CHUNK_ID, BLOB))
 
-    def _load(self) -> tuple[Events, Meta]:
-        meta = self.meta_state.get()
-        blob = self.events_state.get()
-        return decode_events(blob[0] if blob else None), (Meta(*meta) if meta else Meta())
+    def load_rules(self) -> RuleSet:
+        row = self.rules.get()
+        return RuleSet.from_json(row[0] if row else None)
 
-    def _save(self, events: Events, meta: Meta, expiry: int) -> None:
-        if len(events) == 0:  # nothing retained: leave no state and no timer behind
-            if meta.timer >= 0:
-                self.handle.deleteTimer(meta.timer)
-            self.events_state.clear()
-            self.meta_state.clear()
-            return
-        wanted = -(-expiry // self.coalesce_ms) * self.coalesce_ms  # round up: one timer serves many keys
+    def load_meta(self) -> Meta:
+        row = self.meta.get()
+        return Meta.from_json(row[0] if row else None)
+
+    def load_resets(self) -> Resets:
+        row = self.resets.get()
+        return Resets.decode(bytes(row[0]) if row else None)
+
+    def save(self, meta: Meta, expiry: int, coalesce_ms: int) -> None:
+        wanted = coalesce(expiry, coalesce_ms) if expiry >= 0 else -1
         if wanted != meta.timer:
             if meta.timer >= 0:
                 self.handle.deleteTimer(meta.timer)
-            self.handle.registerTimer(wanted)
+            if wanted >= 0:
+                self.handle.registerTimer(wanted)
             meta.timer = wanted
-        self.events_state.update((encode_events(events),))
-        self.meta_state.update((meta.next_seq, meta.epoch, meta.active, meta.timer))
+        meta.token = uuid.uuid4().hex
+        self.meta.update((meta.to_json(),))
+
+
+class RulesProcessor(StatefulProcessor):
+    """Window rules on transformWithStateInPandas; `namespace` names the shard caches of one checkpoint."""
+
+    def __init__(self, lateness_ms: int, labels: list[int], namespace: str, timer_coalesce_ms: int = 10_000):
+        self.lateness_ms, self.coalesce_ms = lateness_ms, timer_coalesce_ms
+        self.index = {label: i for i, label in enumerate(labels)}
+        self.namespace = namespace
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = ShardState(handle)
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        batch = pd.concat(list(rows), ignore_index=True)
-        events, meta = self._load()
-        result = step(batch, events, meta, timerValues.getCurrentWatermarkInMs(), self.lateness_ms, int(key[0]))
-        self._save(result.state, result.meta, result.next_expiry)
-        if len(result.output):
-            yield result.output
+        timings = Timings()
+        shard = self.index[int(key[0])]
+        batch = Batch.of(pd.concat(list(rows), ignore_index=True))  # includes Arrow → pandas of the input
+        timings.lap("input")
+        rules, meta, resets = self.state.load_rules(), self.state.load_meta(), self.state.load_resets()
+        store = ShardEvents(meta, resets, self.state.backend, cache_for(self.namespace, shard))
+        timings.lap("state_calls")
+        result = step(
+            batch,
+            rules,
+            store,
+            timerValues.getCurrentWatermarkInMs(),
+            self.lateness_ms,
+            shard,
+            len(self.index),
+            timings=timings,
+        )
+        if result.rules_changed:
+            self.state.rules.update((rules.to_json(),))
+        if store.resets is not resets:
+            self.state.resets.update((store.resets.encode(),))
+        self.state.save(store.meta, result.next_expiry, self.coalesce_ms)
+        store.cache.retain(store.meta.chunks)
+        timings.lap("state_calls")
+        yield pd.concat([result.output, stats_row(shard, store, result.counts, timings)], ignore_index=True)
 
     def handleExpiredTimer(
         self, key, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        events, meta = self._load()
+        rules, meta = self.state.load_rules(), self.state.load_meta()
         meta.timer = -1  # this timer has fired and is gone
-        kept, expiry = expire(events, meta, timerValues.getCurrentWatermarkInMs())
-        self._save(kept, meta, expiry)
+        windows = rules.windows()
+        drop_dead(meta, Bounds.of(windows, timerValues.getCurrentWatermarkInMs()), self.state.backend)
+        expiry = min((death_time(c, windows) for c in meta.chunks), default=-1)
+        self.state.save(meta, expiry, self.coalesce_ms)
         yield pd.DataFrame(columns=list(OUTPUT_COLUMNS))
 
     def close(self) -> None:
         pass
 
 
-LOGIN_META_SCHEMA = StructType([StructField("timer", LongType())])
-SEQUENCES_SCHEMA = StructType([StructField("blob", BinaryType()), StructField("active", BinaryType())])
+TIMER = StructType([StructField("timer", LongType())])
 
 
 class LoginProcessor(StatefulProcessor):
-    """transformWithState adapter: per shard, open sequences in one value and one coalesced timer."""
+    """The login detector on transformWithStateInPandas: per shard its rules, open sequences, one timer."""
 
-    def __init__(self, timer_coalesce_ms: int = 10_000):
+    def __init__(self, labels: list[int], timer_coalesce_ms: int = 10_000):
+        self.index = {label: i for i, label in enumerate(labels)}
         self.coalesce_ms = timer_coalesce_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.blob = handle.getValueState("sequences", SEQUENCES_SCHEMA)
-        self.meta = handle.getValueState("meta", LOGIN_META_SCHEMA)
+        self.rules = handle.getValueState("rules", TEXT)
+        self.sequences = handle.getValueState("sequences", BLOB)
+        self.meta = handle.getValueState("meta", TIMER)
 
-    def _load(self) -> tuple[State, dict[int, int], int]:
-        blob, meta = self.blob.get(), self.meta.get()
-        windows = decode_active_logins(bytes(blob[1]).decode()) if blob else {}
-        return decode_sequences(bytes(blob[0]) if blob else None), windows, (meta[0] if meta else -1)
+    def _load(self) -> tuple[RuleSet, logins.State, int]:
+        rules, blob, meta = self.rules.get(), self.sequences.get(), self.meta.get()
+        state = decode_sequences(bytes(blob[0]) if blob else None)
+        return RuleSet.from_json(rules[0] if rules else None), state, meta[0] if meta else -1
 
-    def _save(self, state: State, windows: dict[int, int], timer: int) -> None:
-        if timer >= 0:
-            self.handle.deleteTimer(timer)
-        if not state:
-            self.blob.clear()
-            self.meta.clear()
-            return
-        wanted = -(-logins.next_expiry(state, windows) // self.coalesce_ms) * self.coalesce_ms
-        self.handle.registerTimer(wanted)
-        active = encode_active_logins(windows).encode()
-        self.blob.update((encode_sequences(state), active))
+    def _save(self, rules: RuleSet, state: logins.State, timer: int) -> None:
+        self.rules.update((rules.to_json(),))
+        expiry = logins.next_expiry(state, logins.windows_of(rules))
+        wanted = coalesce(expiry, self.coalesce_ms) if state else -1
+        if wanted != timer:
+            if timer >= 0:
+                self.handle.deleteTimer(timer)
+            if wanted >= 0:
+                self.handle.registerTimer(wanted)
+        if state:
+            self.sequences.update((encode_sequences(state),))
+        else:
+            self.sequences.clear()
         self.meta.update((wanted,))
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        batch = pd.concat(list(rows), ignore_index=True)
-        state, _windows, timer = self._load()
-        out, state, windows = logins.step(batch, state, timerValues.getCurrentWatermarkInMs(), int(key[0]))
-        self._save(state, windows, timer)
-        if len(out):
-            yield out
+        batch = Batch.of(pd.concat(list(rows), ignore_index=True))
+        rules, state, timer = self._load()
+        out, state = logins.step(batch, rules, state, timerValues.getCurrentWatermarkInMs(), self.index[int(key[0])])
+        self._save(rules, state, timer)
+        yield out
 
     def handleExpiredTimer(
         self, key, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        state, windows, _timer = self._load()
-        self._save(logins.expire(state, windows, timerValues.getCurrentWatermarkInMs()), windows, -1)
-        yield pd.DataFrame(columns=list(LOGIN_OUTPUT_COLUMNS))
+        rules, state, _timer = self._load()
+        live = logins.expire(state, logins.windows_of(rules), timerValues.getCurrentWatermarkInMs())
+        self._save(rules, live, -1)
+        yield pd.DataFrame(columns=list(OUTPUT_COLUMNS))
 
     def close(self) -> None:
         pass

@@ -1,17 +1,30 @@
-"""The queries' foreachBatch sinks: bronze and quarantine, alerts and late events, rule changes.
+"""The queries' foreachBatch sinks: bronze and quarantine, the stateful queries' results, rule changes.
 
-Every Delta append carries (txnAppId, batchId), so a micro-batch replayed after a crash is skipped by
-Delta: exactly once per batch. The alerts topic is at-least-once (Spark's Kafka sink contract: a replayed
-batch publishes again); its message key is the alertId, so consumers de-duplicate on it.
+A stateful micro-batch's output is collected once (that one Spark job runs the whole micro-batch). Alerts
+go to consumers straight away (console, Kafka alerts topic: at-least-once, keyed by alertId for consumers
+to de-duplicate). Every row bound for Delta (alerts, late events, the batch heartbeat, first evaluations
+of rule versions) is written to the query's outbox, files in its checkpoint folder, before the micro-batch
+ends. A committer thread appends them to the Delta tables, several micro-batches per commit, each append
+recording its last batch id (`tables.Ledger`) so that a batch already in a table is never appended again.
+A crash between outbox and Delta loses nothing: the next start commits what the outbox holds before the
+queries resume. Bronze, quarantine and rule errors are appended by their queries, exactly once per batch
+the same way.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
+import traceback
+import uuid
 from collections.abc import Callable
 
-from pyspark.sql import Column, DataFrame, SparkSession
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import tables
@@ -19,289 +32,401 @@ from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.engine.ingest import valid
 from fraudrules.engine.sources import client_options
 from fraudrules.rules import store
-from fraudrules.rules.model import parse_rules_text
+from fraudrules.rules.model import LOGIN_RULE, parse_rules_text
 
 Printer = Callable[[str], None]
+BACKGROUND_POOL = "background"
+
+# Outbox rows: plain types (times in ms); the committer derives the tables' timestamps and decimals.
+OUTBOX = {
+    "alerts": pa.schema(
+        [
+            ("alertId", pa.string()),
+            ("kind", pa.string()),
+            ("ruleId", pa.int32()),
+            ("ruleVersion", pa.int64()),
+            ("transactionId", pa.int64()),
+            ("userId", pa.int64()),
+            ("key", pa.string()),
+            ("groupingKeyNames", pa.list_(pa.string())),
+            ("aggregate", pa.string()),
+            ("aggregateFieldName", pa.string()),
+            ("aggregatorFunctionType", pa.string()),
+            ("limitOperatorType", pa.string()),
+            ("limit", pa.string()),
+            ("windowMinutes", pa.int32()),
+            ("eventTimeMs", pa.int64()),
+            ("ingestionTimestamp", pa.int64()),
+            ("producedAtMs", pa.int64()),
+            ("publishedAtMs", pa.int64()),
+            ("watermarkMs", pa.int64()),
+            ("batchId", pa.int64()),
+            ("shard", pa.int32()),
+            ("message", pa.string()),
+            ("details", pa.string()),
+        ]
+    ),
+    "late_events": pa.schema(
+        [
+            ("kind", pa.string()),
+            ("transactionId", pa.int64()),
+            ("userId", pa.int64()),
+            ("ruleId", pa.int32()),
+            ("ruleVersion", pa.int64()),
+            ("key", pa.string()),
+            ("eventTimeMs", pa.int64()),
+            ("watermarkMs", pa.int64()),
+            ("reason", pa.string()),
+            ("detectedAtMs", pa.int64()),
+            ("batchId", pa.int64()),
+        ]
+    ),
+    "batches": pa.schema(
+        [
+            ("query", pa.string()),
+            ("batchId", pa.int64()),
+            ("committedAtMs", pa.int64()),
+            ("inputRows", pa.int64()),
+            ("alerts", pa.int64()),
+            ("lateEvents", pa.int64()),
+            ("watermarkMs", pa.int64()),
+            ("latencyP50Ms", pa.float64()),
+            ("latencyP99Ms", pa.float64()),
+            ("latencyMaxMs", pa.float64()),
+            ("retainedEvents", pa.int64()),
+            ("chunks", pa.int32()),
+            ("chunksFromStore", pa.int32()),
+            ("transactions", pa.int64()),
+            ("pythonMs", pa.float64()),
+            ("pythonStages", pa.string()),
+        ]
+    ),
+    "rule_seen": pa.schema([("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64())]),
+}
+# Table columns derived from outbox columns when committed.
+DERIVED = {
+    "alerts": {"eventTime": "timestamp_millis(eventTimeMs)", "producedAt": "timestamp_millis(producedAtMs)"},
+    "late_events": {"detectedAt": "timestamp_millis(detectedAtMs)"},
+    "batches": {"committedAt": "timestamp_millis(committedAtMs)"},
+}
 
 
-def write_bronze(parsed: DataFrame, cfg: JobConfig, batch_id: int, app_id: str, kind: str = "transaction") -> None:
-    """Bronze and quarantine rows of one micro-batch, each idempotent per batch (empty ones skipped)."""
-    bronze = "transactions" if kind == "transaction" else "logins"
-    parsed.persist()
-    try:
-        counts = {
-            r["bad"]: r["count"] for r in parsed.groupBy(F.col("error").isNotNull().alias("bad")).count().collect()
-        }
-        now = F.current_timestamp()
-        if counts.get(False):
-            tables.append(
-                valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now),
-                cfg,
-                bronze,
-                f"{app_id}-bronze",
-                batch_id,
-            )
-        if counts.get(True):
-            bad = parsed.where(F.col("error").isNotNull()).select(
-                F.lit(kind).alias("kind"),
-                F.col("value").alias("raw"),
-                F.col("error").alias("reason"),
-                "srcName",
-                "srcPos",
-                now.alias("quarantinedAt"),
-            )
-            tables.append(bad, cfg, "quarantine", f"{app_id}-quarantine", batch_id)
-    finally:
-        parsed.unpersist()
+_NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 
 
-def _with_rule(out: DataFrame, history: DataFrame) -> DataFrame:
-    """Alert rows joined to the exact rule version they were evaluated under (its JSON as `rule`)."""
-    versions = history.select("ruleId", F.col("version").alias("ruleVersion"), F.col("ruleJson").alias("rule"))
-    alerts = out.where("kind = 'alert'").withColumn("ruleId", F.col("ruleId").cast("int"))
-    return alerts.join(
-        F.broadcast(versions.dropDuplicates(["ruleId", "ruleVersion"])), ["ruleId", "ruleVersion"], "left"
-    )
+def _frame(schema: pa.Schema, frame: pd.DataFrame) -> pa.Table:
+    frame = frame.reindex(columns=schema.names)
+    return pa.Table.from_pandas(frame.astype(object).where(frame.notna(), None), schema=schema, preserve_index=False)
 
 
-def _rule(name: str) -> Column:
-    return F.get_json_object("rule", f"$.{name}")
+class Outbox:
+    """A query's micro-batch results waiting for Delta: one Arrow file per (batch, table), then a marker."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def _path(self, batch_id: int, part: str) -> str:
+        return os.path.join(self.folder, f"{batch_id:020d}.{part}")
+
+    def put(self, batch_id: int, parts: dict[str, pa.Table]) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        for name, table in parts.items():
+            tmp = self._path(batch_id, f"{name}.{uuid.uuid4().hex}.tmp")
+            with pa.OSFile(tmp, "wb") as fh, pa.ipc.new_file(fh, table.schema) as writer:
+                writer.write_table(table)
+            os.replace(tmp, self._path(batch_id, f"{name}.arrow"))
+        with open(self._path(batch_id, "done"), "w"):  # the batch is complete once this exists
+            pass
+
+    def pending(self) -> list[int]:
+        if not os.path.isdir(self.folder):
+            return []
+        return sorted(int(n.split(".")[0]) for n in os.listdir(self.folder) if n.endswith(".done"))
+
+    def read(self, batch_id: int, name: str) -> pa.Table | None:
+        path = self._path(batch_id, f"{name}.arrow")
+        if not os.path.exists(path):
+            return None
+        with pa.OSFile(path, "rb") as fh:
+            return pa.ipc.open_file(fh).read_all()
+
+    def remove(self, batch_ids: list[int]) -> None:
+        for b in batch_ids:
+            for name in [*OUTBOX, "done"]:
+                path = self._path(b, name if name == "done" else f"{name}.arrow")
+                if os.path.exists(path):
+                    os.remove(path)
 
 
-def _common(batch_id: int) -> list[Column]:
-    return [
-        F.timestamp_millis("eventTime").alias("eventTime"),
-        F.col("eventTime").alias("eventTimeMs"),
-        F.col("ingestionTimestamp"),
-        F.timestamp_millis("producedAt").alias("producedAt"),
-        F.col("producedAt").alias("producedAtMs"),
-        F.col("watermark").alias("watermarkMs"),
-        F.lit(batch_id).cast("long").alias("batchId"),
-        F.col("shard"),
-    ]
-
-
-def alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
-    """Window-rule alerts from the processor's output, as rows of the alerts table."""
-    alerts = _with_rule(out, history)
-    aggregate = F.col("aggregate").cast("decimal(38,18)")
-    message = F.format_string(
-        "%s(%s) of %s over %s min = %s, %s %s",
-        _rule("aggregatorFunctionType"),
-        _rule("aggregateFieldName"),
-        F.col("key"),
-        _rule("windowMinutes"),
-        F.col("aggregate"),
-        _rule("limitOperatorType"),
-        _rule("limit"),
-    )
-    return alerts.select(
-        F.concat_ws(":", "ruleId", "transactionId").alias("alertId"),
-        F.lit("WINDOW").alias("kind"),
-        "ruleId",
-        "ruleVersion",
-        "transactionId",
-        F.lit(None).cast("long").alias("userId"),
-        "key",
-        F.from_json(_rule("groupingKeyNames"), "array<string>").alias("groupingKeyNames"),
-        aggregate.alias("aggregate"),
-        _rule("aggregateFieldName").alias("aggregateFieldName"),
-        _rule("aggregatorFunctionType").alias("aggregatorFunctionType"),
-        _rule("limitOperatorType").alias("limitOperatorType"),
-        _rule("limit").cast("decimal(38,18)").alias("limit"),
-        _rule("windowMinutes").cast("int").alias("windowMinutes"),
-        *_common(batch_id),
-        message.alias("message"),
-        F.lit(None).cast("string").alias("details"),
-    )
-
-
-def login_alert_rows(out: DataFrame, batch_id: int, history: DataFrame) -> DataFrame:
-    """Login-anomaly alerts: the user, failed IPs, counts and the sequence's span in `details`."""
-    alerts = _with_rule(out, history)
-    return alerts.select(
-        F.concat(F.col("ruleId"), F.lit(":u"), F.col("userId"), F.lit(":"), F.col("eventTime")).alias("alertId"),
-        F.lit("LOGIN_ANOMALY").alias("kind"),
-        "ruleId",
-        "ruleVersion",
-        F.lit(None).cast("long").alias("transactionId"),
-        "userId",
-        "key",
-        F.array(F.lit("userId")).alias("groupingKeyNames"),
-        F.col("aggregate").cast("decimal(38,18)").alias("aggregate"),
-        F.lit("failedLogins").alias("aggregateFieldName"),
-        F.lit("COUNT").alias("aggregatorFunctionType"),
-        F.lit("GREATER_EQUAL").alias("limitOperatorType"),
-        _rule("minFailures").cast("decimal(38,18)").alias("limit"),
-        _rule("windowMinutes").cast("int").alias("windowMinutes"),
-        *_common(batch_id),
-        "message",
-        "details",
-    )
-
-
-def late_rows(out: DataFrame, batch_id: int, kind: str = "transaction") -> DataFrame:
-    ids = (
-        [F.col("transactionId"), F.lit(None).cast("long").alias("userId")]
-        if kind == "transaction"
-        else [F.lit(None).cast("long").alias("transactionId"), F.col("userId")]
-    )
-    return out.where("kind = 'late'").select(
-        F.lit(kind).alias("kind"),
-        *ids,
-        F.col("ruleId").cast("int").alias("ruleId"),
-        "ruleVersion",
-        "key",
-        F.col("eventTime").alias("eventTimeMs"),
-        F.col("watermark").alias("watermarkMs"),
-        "reason",
-        F.current_timestamp().alias("detectedAt"),
-        F.lit(batch_id).cast("long").alias("batchId"),
-    )
-
-
-def _num(v: object) -> float | None:
-    return None if v is None else float(v)
-
-
-class AlertSink:
-    """foreachBatch target of the evaluation query.
-
-    Each Delta append carries (txnAppId, batchId): when a crashed batch is replayed from the
-    checkpoint, Delta recognises the version it already committed and skips it. With
-    `cfg.kafka_alerts_topic` the alerts are then also published to Kafka: at-least-once there (a replayed
-    batch publishes again), keyed by alertId for consumers to de-duplicate.
-    """
+class Committer(threading.Thread):
+    """Appends a query's outbox to Delta in the background, each table idempotently per batch id."""
 
     def __init__(
-        self, cfg: JobConfig, query: str, printer: Printer | None = print, show: int = 5, logins: bool = False
+        self, spark: SparkSession, cfg: JobConfig, query: str, printer: Printer | None, min_interval_s: float = 2.0
     ):
-        self.cfg, self.query, self.printer, self.show = cfg, query, printer, show
-        self.to_alerts = login_alert_rows if logins else alert_rows
-        self.late_kind = "login" if logins else "transaction"
+        super().__init__(daemon=True, name=f"committer-{query}")
+        self.spark, self.cfg, self.query, self.printer = spark, cfg, query, printer
+        self.outbox = Outbox(os.path.join(cfg.checkpoint(query), "outbox"))
+        self.min_interval_s = min_interval_s
+        self.wake, self.halt = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()  # the thread and callers of commit_pending (drains, tests) take turns
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
+        self.ledgers = tables.Ledgers(cfg, query)
 
-    def _reported_versions(self, spark: SparkSession) -> set[tuple[int, int]]:
-        """Rule versions whose apply delay is recorded (read from the table once, then kept up to date)."""
-        if self.reported is None:
-            applied = tables.read(spark, self.cfg, "rule_applied").select("ruleId", "version").collect()
-            self.reported = {(r.ruleId, r.version) for r in applied}
-        return self.reported
+    def run(self) -> None:
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)
+        while not self.halt.is_set():
+            self.wake.wait(timeout=self.min_interval_s)
+            self.wake.clear()
+            try:
+                self.commit_pending()
+            except Exception as err:  # surfaced to the query by the sink's next micro-batch
+                self.error = err
+                traceback.print_exc()
+                return
+            self.halt.wait(self.min_interval_s)
 
-    def _rule_applies(self, out: DataFrame, batch_id: int) -> None:
+    def stop(self) -> None:
+        """Commit what is pending and end the thread."""
+        self.halt.set()
+        self.wake.set()
+        if self.is_alive():
+            self.join()
+        self.commit_pending()
+
+    def commit_pending(self) -> int:
+        with self.lock:
+            return self._commit()
+
+    def ledger(self, name: str) -> tables.Ledger:
+        return self.ledgers.get(self.spark, name)
+
+    def _parts(self, batches: list[int], name: str, table: str | None = None) -> list[pa.Table]:
+        """Outbox rows `name` of the batches that `table` (default: the same name) does not have yet."""
+        done = self.ledger(table or name).last()
+        parts = (self.outbox.read(b, name) for b in batches if b > done)
+        return [t for t in parts if t is not None and t.num_rows]
+
+    def _commit(self) -> int:
+        batches = self.outbox.pending()
+        if not batches:
+            return 0
+        for name in DERIVED:
+            if parts := self._parts(batches, name):
+                df = self.spark.createDataFrame(pa.concat_tables(parts))
+                df = df.select("*", *[F.expr(e).alias(c) for c, e in DERIVED[name].items()])
+                self.ledger(name).append(df, batches[-1])
+        if seen := self._parts(batches, "rule_seen", "rule_applied"):
+            self._rule_applied(pa.concat_tables(seen).to_pandas(), batches[-1])
+        self.outbox.remove(batches)
+        return len(batches)
+
+    def _rule_applied(self, seen: pd.DataFrame, batch_id: int) -> None:
         """Record, once per rule version, the delay from its change to the first event evaluated under it."""
-        spark = out.sparkSession
-        reported = self._reported_versions(spark)
-        history = tables.read(spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
-        seen = (
-            out.where("kind = 'rule'")
-            .groupBy("ruleId", "ruleVersion")
-            .agg(F.min("producedAt").alias("first"))
-            .join(
-                history.select("ruleId", F.col("version").alias("ruleVersion"), "updatedAt"),
-                ["ruleId", "ruleVersion"],
-                "left",
-            )
-            .select(
-                F.col("ruleId").cast("int").alias("ruleId"),
-                F.col("ruleVersion").alias("version"),
-                F.col("updatedAt").alias("changedAt"),
-                F.timestamp_millis("first").alias("firstEvaluatedAt"),
-                (F.col("first") - F.unix_millis("updatedAt")).alias("delayMs"),
-                F.lit(batch_id).cast("long").alias("batchId"),
-            )
-        )
-        records = [r.asDict() for r in seen.collect() if (r.ruleId, r.version) not in reported]
-        if not records:
+        if self.reported is None:
+            rows = tables.read(self.spark, self.cfg, "rule_applied").select("ruleId", "version").collect()
+            self.reported = {(r.ruleId, r.version) for r in rows}
+        first = seen.groupby(["ruleId", "ruleVersion"])["firstMs"].min()
+        new = {k: v for k, v in first.items() if (int(k[0]), int(k[1])) not in self.reported}
+        if not new:
             return
-        for r in records:
-            reported.add((r["ruleId"], r["version"]))
-            if self.printer and r["delayMs"] is not None:
+        history = tables.read(self.spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
+        changed = {
+            (r.ruleId, r.version): r.updatedAt for r in history.select("ruleId", "version", "updatedAt").collect()
+        }
+        records = []
+        for (rule_id, version), first_ms in new.items():
+            at = changed.get((int(rule_id), int(version)))
+            delay = None if at is None else int(first_ms) - int(at.timestamp() * 1000)
+            records.append(
+                {
+                    "ruleId": int(rule_id),
+                    "version": int(version),
+                    "changedAt": at,
+                    "delayMs": delay,
+                    "firstEvaluatedAt": pd.Timestamp(int(first_ms), unit="ms", tz="UTC").to_pydatetime(),
+                    "batchId": batch_id,
+                }
+            )
+            self.reported.add((int(rule_id), int(version)))
+            if self.printer and delay is not None:
                 self.printer(
-                    f"[rules] rule {r['ruleId']} v{r['version']} in force: first event evaluated "
-                    f"{r['delayMs'] / 1000:.1f} s after the change"
+                    f"[rules] rule {rule_id} v{version} in force: first event evaluated "
+                    f"{delay / 1000:.1f} s after the change"
                 )
-        tables.append(
-            spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]),
-            self.cfg,
-            "rule_applied",
-            f"{self.query}-applied",
-            batch_id,
+        self.ledger("rule_applied").append(
+            self.spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]), batch_id
         )
 
-    def __call__(self, out: DataFrame, batch_id: int) -> None:
-        out.persist()
+
+def _rule_fields(rule_json: str) -> dict:
+    """Alert columns describing the rule that fired, from the rule version's JSON."""
+    r = json.loads(rule_json)
+    if r.get("ruleType") == LOGIN_RULE:
+        return {
+            "groupingKeyNames": ["userId"],
+            "aggregateFieldName": "failedLogins",
+            "aggregatorFunctionType": "COUNT",
+            "limitOperatorType": "GREATER_EQUAL",
+            "limit": str(r["minFailures"]),
+            "windowMinutes": int(r["windowMinutes"]),
+        }
+    return {
+        "groupingKeyNames": r["groupingKeyNames"],
+        "aggregateFieldName": r["aggregateFieldName"],
+        "aggregatorFunctionType": r["aggregatorFunctionType"],
+        "limitOperatorType": r["limitOperatorType"],
+        "limit": str(r["limit"]),
+        "windowMinutes": int(r["windowMinutes"]),
+    }
+
+
+def alert_rows(out: pd.DataFrame, batch_id: int, published_ms: int) -> pd.DataFrame:
+    """The processor's alert rows as rows of the alerts table (outbox form)."""
+    a = out[out["kind"] == "alert"].reset_index(drop=True)
+    if a.empty:
+        return pd.DataFrame(columns=OUTBOX["alerts"].names)
+    fields = pd.DataFrame([_rule_fields(r) for r in a["rule"]])
+    login = a["transactionId"].isna()
+    rule, text = (
+        a["ruleId"].astype("string"),
+        {c: a[c].astype("string").fillna("") for c in ("transactionId", "userId")},
+    )
+    window_id = rule + ":" + text["transactionId"]
+    login_id = rule + ":u" + text["userId"] + ":" + a["eventTime"].astype("string")
+    return pd.concat([a.drop(columns=["rule"]), fields], axis=1).assign(
+        alertId=np.where(login, login_id, window_id),
+        kind=np.where(login, LOGIN_RULE, "WINDOW"),
+        eventTimeMs=a["eventTime"],
+        producedAtMs=a["producedAt"],
+        publishedAtMs=published_ms,
+        watermarkMs=a["watermark"],
+        batchId=batch_id,
+    )
+
+
+def late_rows(out: pd.DataFrame, batch_id: int, now_ms: int) -> pd.DataFrame:
+    late = out[out["kind"] == "late"]
+    return late.assign(
+        kind=np.where(late["transactionId"].isna(), "login", "transaction"),
+        eventTimeMs=late["eventTime"],
+        watermarkMs=late["watermark"],
+        detectedAtMs=now_ms,
+        batchId=batch_id,
+    )
+
+
+def _percentiles(latency: np.ndarray) -> tuple[float | None, float | None, float | None]:
+    if len(latency) == 0:
+        return None, None, None
+    return float(np.percentile(latency, 50)), float(np.percentile(latency, 99)), float(latency.max())
+
+
+def _shard_totals(stats: list[dict]) -> dict:
+    """Heartbeat columns from the shards' stats rows: sums, and the slowest shard's Python time by stage."""
+    slowest = max(stats, key=lambda s: sum(s["ms"].values()), default=None)
+    return {
+        "retainedEvents": sum(s.get("retained", 0) for s in stats),
+        "chunks": sum(s.get("chunks", 0) for s in stats),
+        "chunksFromStore": sum(s.get("chunksFromStore", 0) for s in stats),
+        "transactions": max((s.get("transactions", 0) for s in stats), default=0),
+        "pythonMs": sum(slowest["ms"].values()) if slowest else None,
+        "pythonStages": json.dumps(slowest["ms"]) if slowest else None,
+    }
+
+
+class ResultSink:
+    """foreachBatch target of a stateful query: publish the batch's alerts, hand its rows to the outbox."""
+
+    def __init__(
+        self,
+        committer: Committer,
+        publish: Callable[[pd.DataFrame], None] | None = None,
+        printer: Printer | None = print,
+        show: int = 5,
+    ):
+        self.committer, self.publish, self.printer, self.show = committer, publish, printer, show
+        self.query = committer.query
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        if self.committer.error is not None:
+            raise RuntimeError(f"committing {self.query}'s results to Delta failed") from self.committer.error
+        out = df.toArrow().to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids stay exact integers
+        now = int(time.time() * 1000)
+        alerts = alert_rows(out, batch_id, now)
+        if len(alerts) and self.publish:
+            self.publish(alerts)
+        published = int(time.time() * 1000)
+        alerts["publishedAtMs"] = published
+        late = late_rows(out, batch_id, published)
+        measured = alerts["ingestionTimestamp"] > 0
+        p50, p99, pmax = _percentiles((published - alerts["ingestionTimestamp"][measured]).to_numpy(np.float64))
+        stats = [json.loads(s) for s in out.loc[out["kind"] == "stats", "details"]]
+        seen = out[out["kind"] == "rule"]
+        heartbeat = {
+            "query": self.query,
+            "batchId": batch_id,
+            "committedAtMs": published,
+            "inputRows": int(pd.to_numeric(seen["aggregate"]).sum()),
+            "alerts": len(alerts),
+            "lateEvents": len(late),
+            "watermarkMs": int(out["watermark"].max()) if len(out) and out["watermark"].notna().any() else None,
+            "latencyP50Ms": p50,
+            "latencyP99Ms": p99,
+            "latencyMaxMs": pmax,
+            **_shard_totals(stats),
+        }
+        rule_seen = seen.assign(firstMs=seen["producedAt"])
+        self.committer.outbox.put(
+            batch_id,
+            {
+                "alerts": _frame(OUTBOX["alerts"], alerts),
+                "late_events": _frame(OUTBOX["late_events"], late),
+                "batches": _frame(OUTBOX["batches"], pd.DataFrame([heartbeat])),
+                "rule_seen": _frame(OUTBOX["rule_seen"], rule_seen),
+            },
+        )
+        self.committer.wake.set()
+        if self.printer and (len(alerts) or len(late)):
+            lat = f"; ingestion→alert p50 {p50:,.0f} ms, p99 {p99:,.0f} ms" if p50 is not None else ""
+            self.printer(f"[{self.query}] batch {batch_id}: {len(alerts)} alerts, {len(late)} late{lat}")
+            for r in alerts.head(self.show).itertuples():
+                self.printer(f"  ALERT {r.alertId}: {r.message}")
+
+
+class IngestSink:
+    """foreachBatch target of an ingest query: bronze and quarantine rows, each exactly once per batch
+    (empty ones skipped)."""
+
+    def __init__(self, cfg: JobConfig, query: str, kind: str = "transaction"):
+        self.cfg, self.query, self.kind = cfg, query, kind
+        self.bronze = "transactions" if kind == "transaction" else "logins"
+        self.ledgers = tables.Ledgers(cfg, query)
+
+    def __call__(self, parsed: DataFrame, batch_id: int) -> None:
+        spark = parsed.sparkSession
+        parsed.persist()
         try:
-            stats = (
-                out.groupBy("kind")
-                .agg(
-                    F.count("*").alias("n"),
-                    F.max("watermark").alias("wm"),
-                    F.sum(F.when(F.col("kind") == "rule", F.col("aggregate")).cast("long")).alias("s"),
-                    F.collect_set(F.when(F.col("kind") == "rule", F.struct("ruleId", "ruleVersion"))).alias("v"),
-                )
-                .collect()
-            )
-            counts = {r["kind"]: r["n"] for r in stats}
-            evaluated = next((r["s"] for r in stats if r["kind"] == "rule"), 0)  # keyed events evaluated
-            versions = {(v["ruleId"], v["ruleVersion"]) for r in stats for v in r["v"]}
-            wm = max((r["wm"] for r in stats), default=None)
-            sample, p50, p99, pmax = [], None, None, None
-            if counts.get("alert"):  # empty appends would still cost a Delta commit each
-                history = tables.read(out.sparkSession, self.cfg, "rule_history")
-                alerts = self.to_alerts(out, batch_id, history).persist()
-                tables.append(alerts, self.cfg, "alerts", f"{self.query}-alerts", batch_id)
-                if self.cfg.kafka_alerts_topic:  # after the Delta commit; replayed batches publish again
-                    publish_alerts(alerts, self.cfg)
-                committed_ms = int(time.time() * 1000)
-                sample = alerts.select("alertId", "ruleId", "key", "aggregate", "message").limit(self.show).collect()
-                latency = F.lit(committed_ms) - F.col("ingestionTimestamp")
-                p50, p99, pmax = (
-                    alerts.where("ingestionTimestamp > 0")
-                    .agg(
-                        F.percentile_approx(latency, 0.5, 10_000),
-                        F.percentile_approx(latency, 0.99, 10_000),
-                        F.max(latency),
-                    )
-                    .first()
-                )
-                alerts.unpersist()
-            if counts.get("late"):
-                late = late_rows(out, batch_id, self.late_kind)
-                tables.append(late, self.cfg, "late_events", f"{self.query}-late", batch_id)
-            if versions - self._reported_versions(out.sparkSession):  # a rule version evaluated for the first time
-                self._rule_applies(out, batch_id)
-            record = {
-                "query": self.query,
-                "batchId": batch_id,
-                "committedAt": None,
-                "inputRows": int(evaluated or 0),
-                "alerts": counts.get("alert", 0),
-                "lateEvents": counts.get("late", 0),
-                "watermarkMs": wm,
-                "latencyP50Ms": _num(p50),
-                "latencyP99Ms": _num(p99),
-                "latencyMaxMs": _num(pmax),
+            counts = {
+                r["bad"]: r["count"] for r in parsed.groupBy(F.col("error").isNotNull().alias("bad")).count().collect()
             }
-            spark = out.sparkSession
-            tables.append(
-                spark.createDataFrame([record], tables.SCHEMAS["batches"]).withColumn(
-                    "committedAt", F.current_timestamp()
-                ),
-                self.cfg,
-                "batches",
-                f"{self.query}-batches",
-                batch_id,
-            )
-            if self.printer and (record["alerts"] or record["lateEvents"]):
-                lat_text = f" latency p50={p50:.0f}ms p99={p99:.0f}ms" if p50 is not None else ""
-                self.printer(
-                    f"[alerts] batch {batch_id}: {record['alerts']} alerts, {record['lateEvents']} late{lat_text}"
+            now = F.current_timestamp()
+            if counts.get(False):
+                rows = valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now)
+                self.ledgers.get(spark, self.bronze).append(rows, batch_id)
+            if counts.get(True):
+                bad = parsed.where(F.col("error").isNotNull()).select(
+                    F.lit(self.kind).alias("kind"),
+                    F.col("value").alias("raw"),
+                    F.col("error").alias("reason"),
+                    "srcName",
+                    "srcPos",
+                    now.alias("quarantinedAt"),
                 )
-                for r in sample:
-                    self.printer(f"  ALERT {r.alertId}: {r.message}")
+                self.ledgers.get(spark, "quarantine").append(bad, batch_id)
         finally:
-            out.unpersist()
+            parsed.unpersist()
 
 
 class RuleChangeSink:
@@ -309,6 +434,7 @@ class RuleChangeSink:
 
     def __init__(self, cfg: JobConfig, printer: Printer | None = print):
         self.cfg, self.printer = cfg, printer
+        self.ledgers = tables.Ledgers(cfg, RULES_QUERY)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         spark = df.sparkSession
@@ -337,26 +463,20 @@ class RuleChangeSink:
                 )
         if errors:
             frame = spark.createDataFrame(errors, "ruleId string, raw string, reason string, source string")
-            tables.append(
-                frame.withColumn("receivedAt", F.current_timestamp()),
-                self.cfg,
-                "rule_errors",
-                f"{RULES_QUERY}-errors",
-                batch_id,
-            )
+            errors_table = self.ledgers.get(spark, "rule_errors")
+            errors_table.append(frame.withColumn("receivedAt", F.current_timestamp()), batch_id)
 
 
-def alert_messages(alerts: DataFrame) -> DataFrame:
-    """Alert rows as Kafka messages: key = alertId, value = the whole row as JSON."""
-    return alerts.select(
-        F.col("alertId").cast("string").alias("key"),
-        F.to_json(F.struct(*[F.col(c) for c in alerts.columns])).alias("value"),
+def publish_alerts(spark: SparkSession, alerts: pd.DataFrame, cfg: JobConfig) -> None:
+    """Write one micro-batch's alerts to the alerts topic: key = alertId, value = the alert as JSON."""
+    messages = pd.DataFrame(
+        {
+            "key": alerts["alertId"].astype(str),
+            "value": alerts.to_json(orient="records", lines=True).splitlines(),
+        }
     )
-
-
-def publish_alerts(alerts: DataFrame, cfg: JobConfig) -> None:
-    """Write one micro-batch's alerts to the alerts topic (a batch write from inside foreachBatch)."""
-    writer = alert_messages(alerts).write.format("kafka").option("topic", str(cfg.kafka_alerts_topic))
+    writer = spark.createDataFrame(messages, "key string, value string").write.format("kafka")
+    writer = writer.option("topic", str(cfg.kafka_alerts_topic))
     for key, value in client_options(cfg).items():
         writer = writer.option(key, value)
     writer.save()

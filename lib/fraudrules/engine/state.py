@@ -1,53 +1,528 @@
-"""The processors' state codec: each shard's state is one Arrow IPC stream in one value.
+"""State of the stateful stages: a window shard's retained events as append-only chunks, so that per-batch
+state work follows the batch, not the window.
 
-Per-event (or even per-key) state calls cost about a millisecond each through the Python state API, so
-a shard's retained window events, and its open login sequences, are read and written as one blob per
-micro-batch.
+Each micro-batch appends one chunk (its new events, sorted by group and time) instead of re-encoding
+everything the shard retains. Chunks are merged size-tiered (like an LSM tree: each event is rewritten
+O(log n) times in all) and dropped whole once every event in them has left its rule's window; a
+chunk whose rules stopped or changed is rewritten without them. The chunk catalog (`Meta`) says
+which chunks make up the shard, with per (rule, signature) spans for those decisions.
+
+The state store is the truth. Decoded chunks are also kept in this process and in a local cache
+directory (memory-mapped Arrow files, shared by all Python workers of the machine), both keyed by
+the chunk's id and tag, so a batch reads from the state store only what no cache holds. A tag names
+the write that made a chunk; a catalog never refers to a chunk by id alone, so a cache can be stale
+but never wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 
-from fraudrules.engine.logins import Sequence, State
-from fraudrules.engine.windowing import Events
+from fraudrules.engine.windowing import FIELDS, I64_MAX, I64_MIN, Base, Events
+from fraudrules.rules.model import COUNT_FIELDS, Rule
+
+MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (each event is rewritten log4 n times)
+SIMILAR = 2  # sizes within this factor of the smallest are similar
+MAX_MERGED = 4_000_000  # events; bigger chunks are only dropped (when dead) or rewritten (rules gone)
+CACHE_ENV = "FRAUDRULES_STATE_CACHE"
+_SCHEMA = pa.schema([(f, pa.int64()) for f in FIELDS])
+_STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
+_NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 
 
-def arrow_bytes(table: pa.Table) -> bytes:
-    """A table as one Arrow IPC stream: the form every processor keeps its state in."""
+@dataclass
+class Span:
+    """The events of one (rule, signature) in a chunk."""
+
+    rule: int
+    sig: int
+    n: int
+    max_t: int
+
+
+@dataclass
+class Chunk:
+    id: int
+    tag: str
+    n: int
+    spans: list[Span]
+
+    def dead_events(self, bounds: Bounds) -> int:
+        return sum(s.n for s in self.spans if not bounds.alive(s))
+
+
+@dataclass
+class Meta:
+    """The shard's catalog: which chunks hold its events, and its counters."""
+
+    token: str = ""
+    next_seq: int = 0
+    next_chunk: int = 0
+    timer: int = -1
+    chunks: list[Chunk] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str | None) -> Meta:
+        if not text:
+            return Meta()
+        raw = json.loads(text)
+        chunks = [Chunk(c["id"], c["tag"], c["n"], [Span(**s) for s in c["spans"]]) for c in raw.pop("chunks")]
+        return Meta(**raw, chunks=chunks)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the ACTIVE rules still need: per ruleId its signature and the oldest event time a future
+    window can reach (`horizon` − window, `horizon` a lower bound of every future watermark)."""
+
+    keep_from: dict[int, tuple[int, int]]  # ruleId -> (sig, events with t >= this are needed)
+
+    @staticmethod
+    def of(windows: dict[int, tuple[int, int]], horizon: int) -> Bounds:
+        """`windows`: ruleId -> (sig, window ms) of the ACTIVE rules."""
+        return Bounds({r: (sig, horizon - w) for r, (sig, w) in windows.items()})
+
+    def alive(self, span: Span) -> bool:
+        need = self.keep_from.get(span.rule)
+        return need is not None and need[0] == span.sig and span.max_t >= need[1]
+
+    def mask(self, ev: Events) -> np.ndarray:
+        keep = np.zeros(len(ev), dtype=bool)
+        for rule, (sig, since) in self.keep_from.items():
+            keep |= (ev.rule == rule) & (ev.sig == sig) & (ev.t >= since)
+        return keep
+
+
+def rule_pairs(ev: Events) -> tuple[np.ndarray, np.ndarray]:
+    """(code per event, the distinct (rule, sig) pairs as rows): a chunk has few of them."""
+    rules, rule_values = pd.factorize(ev.rule)
+    sigs, sig_values = pd.factorize(ev.sig)
+    codes, combos = pd.factorize(rules.astype(np.int64) * max(len(sig_values), 1) + sigs)
+    width = max(len(sig_values), 1)
+    pairs = (
+        np.stack([rule_values[combos // width], sig_values[combos % width]], axis=1)
+        if len(ev)
+        else np.zeros((0, 2), dtype=np.int64)
+    )
+    return codes.astype(np.int64), pairs.astype(np.int64)
+
+
+def spans_of(ev: Events) -> list[Span]:
+    if len(ev) == 0:
+        return []
+    codes, pairs = rule_pairs(ev)
+    counts = np.bincount(codes, minlength=len(pairs))
+    max_t = pd.Series(ev.t).groupby(codes).max().to_numpy()
+    return [Span(int(r), int(s), int(n), int(t)) for (r, s), n, t in zip(pairs, counts, max_t, strict=True)]
+
+
+def encode(ev: Events) -> bytes:
+    """A chunk as the state store keeps it, compact: (rule, sig) as an index into the chunk's pairs, every
+    other column as offsets from its minimum in the narrowest integer type, LZ4-compressed."""
+    span, pairs = rule_pairs(ev)
+    columns = {"span": span, **{f: getattr(ev, f) for f in FIELDS if f not in ("rule", "sig")}}
+    arrays, bases = {}, {}
+    for name, values in columns.items():
+        low, high = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+        kind = next((t for t in _NARROW if high - low <= np.iinfo(t.to_pandas_dtype()).max), None)
+        base = low if kind is not None else 0  # a range wider than int64 (hashes): stored as it is
+        kind = kind or pa.int64()
+        arrays[name], bases[name] = pa.array((values - base).astype(kind.to_pandas_dtype()), type=kind), base
+    meta = {"bases": json.dumps(bases), "pairs": json.dumps(pairs.tolist())}
+    return _ipc(pa.table(arrays).replace_schema_metadata(meta), _STORED)
+
+
+def decode(blob: bytes) -> Events:
+    table = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
+    meta = table.schema.metadata
+    bases = json.loads(meta[b"bases"])
+    col = {n: table.column(n).to_numpy().astype(np.int64) + bases[n] for n in table.column_names}
+    pairs = np.array(json.loads(meta[b"pairs"]), dtype=np.int64).reshape(-1, 2)
+    return Events(
+        rule=pairs[col["span"], 0], sig=pairs[col["span"], 1], **{f: col[f] for f in FIELDS if f not in ("rule", "sig")}
+    )
+
+
+def _ipc(table: pa.Table, options: pa.ipc.IpcWriteOptions | None) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def encode_events(events: Events) -> bytes:
-    return arrow_bytes(pa.Table.from_pandas(events.to_frame(), preserve_index=False))
+def write_mapped(ev: Events, path: str) -> None:
+    """A chunk as a local cache file: plain int64 columns, memory-mapped as they are."""
+    with open(path, "wb") as fh:
+        fh.write(_ipc(pa.table(ev.columns(), schema=_SCHEMA), None))
 
 
-def decode_events(blob: bytes | None) -> Events:
-    if not blob:
-        return Events.empty()
-    return Events.from_frame(pa.ipc.open_stream(blob).read_all().to_pandas())
+def read_mapped(path: str) -> Events:
+    table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    return Events(*(table.column(f).to_numpy() for f in FIELDS))
 
 
-def encode_sequences(state: State) -> bytes:
-    frame = pa.table(
-        {
-            "rule": [k[0] for k in state],
-            "user": [k[1] for k in state],
-            "start": [s.start for s in state.values()],
-            "ips": [s.ips for s in state.values()],
+@dataclass
+class Resets:
+    """Groups COUNT_WITH_RESET emptied: a group's events up to `seq` are gone from every chunk whose id
+    is below `horizon` (chunks written since then were written without them)."""
+
+    g: np.ndarray
+    h2: np.ndarray
+    seq: np.ndarray
+    horizon: np.ndarray
+
+    @staticmethod
+    def empty() -> Resets:
+        return Resets(*(np.zeros(0, dtype=np.int64) for _ in range(4)))
+
+    def __len__(self) -> int:
+        return len(self.g)
+
+    def take(self, idx: np.ndarray) -> Resets:
+        return Resets(self.g[idx], self.h2[idx], self.seq[idx], self.horizon[idx])
+
+    def index(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """Position of each (g, h2) among the entries, or -1."""
+        entries = pd.MultiIndex.from_arrays([self.g, self.h2])
+        return entries.get_indexer(pd.MultiIndex.from_arrays([g, h2]))
+
+    def hidden(self, ev: Events) -> np.ndarray:
+        """Events a reset removed."""
+        out = np.zeros(len(ev), dtype=bool)
+        if len(self) and len(ev):
+            at = self.index(ev.g, ev.h2)
+            hit = at >= 0
+            out[hit] = ev.seq[hit] <= self.seq[at[hit]]
+        return out
+
+    def record(self, fired: Events, horizon: int) -> Resets:
+        """These entries replaced or joined by the groups `fired` emptied (their last firing each)."""
+        if len(fired) == 0:
+            return self
+        new = Resets(fired.g, fired.h2, fired.seq, np.full(len(fired), horizon, dtype=np.int64))
+        stale = new.index(self.g, self.h2) >= 0
+        old = self.take(np.flatnonzero(~stale))
+        return Resets(*(np.concatenate([getattr(old, f), getattr(new, f)]) for f in ("g", "h2", "seq", "horizon")))
+
+    def encode(self) -> bytes:
+        table = pa.table({f: getattr(self, f) for f in ("g", "h2", "seq", "horizon")})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    @staticmethod
+    def decode(blob: bytes | None) -> Resets:
+        if not blob:
+            return Resets.empty()
+        table = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
+        return Resets(*(table.column(f).to_numpy() for f in ("g", "h2", "seq", "horizon")))
+
+
+class Indexed:
+    """A chunk's events (sorted by group, then time) with what range queries over them need: the groups, a
+    (group, time) search key, prefix sums of the values and, built when first asked, min/max trees."""
+
+    def __init__(self, ev: Events):
+        self.ev = ev
+        n = len(ev)
+        starts = np.r_[True, (ev.g[1:] != ev.g[:-1]) | (ev.h2[1:] != ev.h2[:-1])] if n else np.zeros(0, dtype=bool)
+        self.first = np.flatnonzero(starts)
+        self.first_g, self.first_h2 = ev.g[self.first], ev.h2[self.first]
+        self.tmin = int(ev.t.min()) if n else 0
+        self.span = int(ev.t.max()) - self.tmin + 1 if n else 1
+        self.key = (np.cumsum(starts) - 1) * self.span + (ev.t - self.tmin)
+        safe = n == 0 or int(np.abs(ev.val).max()) * n < 2**62
+        self.cum = np.r_[0, np.cumsum(ev.val if safe else ev.val.astype(object))]
+        self._trees: dict[str, tuple[np.ndarray, int]] = {}
+
+    def groups_of(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """The chunk's group number of each (g, h2), -1 where it has none."""
+        at = np.searchsorted(self.first_g, g)
+        found = np.zeros(len(g), dtype=bool)
+        pending = np.ones(len(g), dtype=bool)
+        while pending.any():  # same g, other h2 (a 64-bit collision): try the next group
+            inside = pending & (at < len(self.first_g))
+            same_g = np.zeros(len(g), dtype=bool)
+            same_g[inside] = self.first_g[at[inside]] == g[inside]
+            hit = same_g & (self.first_h2[np.minimum(at, len(self.first_g) - 1)] == h2) if len(self.first_g) else same_g
+            found |= hit
+            pending = same_g & ~hit
+            at = np.where(pending, at + 1, at)
+        return np.where(found, at, -1)
+
+    def ranges(self, q: np.ndarray, t_from: np.ndarray, t_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [lo, hi) of group q's events with t_from <= t <= t_to (empty where q is -1)."""
+        qq = np.maximum(q, 0) * self.span
+        lo = np.searchsorted(self.key, qq + np.clip(t_from - self.tmin, 0, self.span), side="left")
+        hi = np.searchsorted(self.key, qq + np.clip(t_to - self.tmin, -1, self.span - 1), side="right")
+        hi = np.where(q >= 0, np.maximum(hi, lo), lo)
+        return lo, hi
+
+    def extreme(self, name: str, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """MIN or MAX of the values in each [lo, hi) (the identity where empty), from a segment tree."""
+        op, identity = (np.minimum, I64_MAX) if name == "MIN" else (np.maximum, I64_MIN)
+        if name not in self._trees:
+            self._trees[name] = _tree(self.ev.val, op, identity)
+        tree, size = self._trees[name]
+        out = np.full(len(lo), identity, dtype=np.int64)
+        left, right = lo + size, hi + size
+        while (live := left < right).any():
+            odd = live & (left & 1 == 1)
+            out[odd] = op(out[odd], tree[left[odd]])
+            left = left + odd
+            odd = live & (right & 1 == 1)
+            right = right - odd
+            out[odd] = op(out[odd], tree[right[odd]])
+            left, right = left >> 1, right >> 1
+        return out
+
+
+def _tree(values: np.ndarray, op, identity: int) -> tuple[np.ndarray, int]:
+    size = 1 << max(1, (len(values) - 1).bit_length())
+    tree = np.full(2 * size, identity, dtype=np.int64)
+    tree[size : size + len(values)] = values
+    level = size // 2
+    while level >= 1:
+        at = np.arange(level, 2 * level)
+        tree[at] = op(tree[2 * at], tree[2 * at + 1])
+        level //= 2
+    return tree, size
+
+
+class Backend(Protocol):
+    """Where a shard's chunks and catalog are kept: the transformWithState state, or memory in tests."""
+
+    def put_chunk(self, chunk_id: int, blob: bytes) -> None: ...
+    def remove_chunk(self, chunk_id: int) -> None: ...
+    def chunks(self) -> Iterator[tuple[int, bytes]]: ...
+
+
+class Cache:
+    """Decoded chunks of the shards this process served, and their memory-mapped files on local disk."""
+
+    def __init__(self, namespace: str, shard: int, root: str | None = None):
+        base = root or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "fraudrules-state-cache")
+        self.dir = os.path.join(base, namespace, str(shard))
+        self.loaded: dict[int, tuple[str, Indexed]] = {}
+
+    def _path(self, c: Chunk) -> str:
+        return os.path.join(self.dir, f"{c.id}-{c.tag}.arrow")
+
+    def get(self, c: Chunk) -> Indexed | None:
+        hit = self.loaded.get(c.id)
+        if hit and hit[0] == c.tag:
+            return hit[1]
+        try:
+            chunk = Indexed(read_mapped(self._path(c)))
+        except (FileNotFoundError, pa.ArrowInvalid):
+            return None
+        self.loaded[c.id] = (c.tag, chunk)
+        return chunk
+
+    def put(self, c: Chunk, ev: Events) -> Indexed:
+        chunk = Indexed(ev)
+        self.loaded[c.id] = (c.tag, chunk)
+        os.makedirs(self.dir, exist_ok=True)
+        tmp = self._path(c) + f".{uuid.uuid4().hex}.tmp"
+        write_mapped(ev, tmp)
+        os.replace(tmp, self._path(c))
+        return chunk
+
+    def retain(self, chunks: Iterable[Chunk]) -> None:
+        """Forget chunks that are no longer part of the shard."""
+        live = {(c.id, c.tag) for c in chunks}
+        self.loaded = {i: v for i, v in self.loaded.items() if (i, v[0]) in live}
+        names = {os.path.basename(self._path(c)) for c in chunks}
+        for name in os.listdir(self.dir) if os.path.isdir(self.dir) else ():
+            if name not in names and name.endswith(".arrow"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.dir, name))
+
+
+_CACHES: dict[tuple[str, int], Cache] = {}
+
+
+def cache_for(namespace: str, shard: int) -> Cache:
+    """One cache per (state namespace, shard) per process: it outlives the micro-batch."""
+    key = (namespace, shard)
+    if key not in _CACHES:
+        _CACHES[key] = Cache(namespace, shard)
+    return _CACHES[key]
+
+
+class ShardEvents:
+    """The retained events of one shard for the duration of one micro-batch."""
+
+    def __init__(self, meta: Meta, resets: Resets, backend: Backend, cache: Cache):
+        self.meta, self.resets, self.backend, self.cache = meta, resets, backend, cache
+        self.parts: dict[int, Indexed] = {}
+        self.read_from_store = 0  # chunks no cache had
+
+    def load(self) -> None:
+        missing = {}
+        for c in self.meta.chunks:
+            chunk = self.cache.get(c)
+            if chunk is None:
+                missing[c.id] = c
+            else:
+                self.parts[c.id] = chunk
+        if missing:
+            for chunk_id, blob in self.backend.chunks():
+                if chunk_id in missing:
+                    self.parts[chunk_id] = self.cache.put(missing[chunk_id], decode(blob))
+            self.read_from_store = len(missing)
+        if len(self.parts) != len(self.meta.chunks):
+            raise RuntimeError(f"the shard's state lacks chunks {sorted(set(missing) - set(self.parts))}")
+
+    def clear(self) -> None:
+        """Forget every retained event (CLEAR_STATE_ALL)."""
+        for c in self.meta.chunks:
+            self._remove(c)
+        self.meta.chunks, self.resets = [], Resets.empty()
+
+    def base(self, new: Events, rules: dict[int, Rule]) -> Base:
+        """What the retained events contribute to each new event's window: range queries per chunk, cost
+        O(new events × chunks × log n) whatever the windows hold. Distinct counts are not combinable:
+        their new events get nothing here (see `gather`)."""
+        out = Base.zeros(len(new))
+        window = np.array([rules[int(r)].window_ms for r in new.rule], dtype=np.int64)
+        plain = np.array([not rules[int(r)].unique for r in new.rule], dtype=bool)
+        reset = self.resets.index(new.g, new.h2) if len(self.resets) else np.full(len(new), -1)
+        horizon = np.where(reset >= 0, self.resets.horizon[reset], -1) if len(self.resets) else reset
+        extremes = {
+            name: np.array(
+                [rules[int(r)].aggregator == name and rules[int(r)].field not in COUNT_FIELDS for r in new.rule],
+                dtype=bool,
+            )
+            for name in ("MIN", "MAX")
         }
-    )
-    return arrow_bytes(frame)
+        for c in self.meta.chunks:
+            chunk = self.parts[c.id]
+            q = np.where(plain & (horizon <= c.id), chunk.groups_of(new.g, new.h2), -1)
+            lo, hi = chunk.ranges(q, new.t - window, new.t)
+            if not (hi > lo).any():
+                continue
+            out.count += hi - lo
+            out.total = _sum(out.total, chunk.cum[hi] - chunk.cum[lo])
+            for name, wanted in extremes.items():
+                if wanted.any():
+                    sel = np.flatnonzero(wanted & (hi > lo))
+                    values = chunk.extreme(name, lo[sel], hi[sel])
+                    target = out.low if name == "MIN" else out.high
+                    target[sel] = (np.minimum if name == "MIN" else np.maximum)(target[sel], values)
+        return out
+
+    def gather(self, g: np.ndarray) -> Events:
+        """Every retained event of the groups whose hash `g` is among the given ones."""
+        wanted = np.unique(g)
+        out = []
+        for c in self.meta.chunks:
+            ev = self.parts[c.id].ev
+            lo = np.searchsorted(ev.g, wanted, side="left")
+            hi = np.searchsorted(ev.g, wanted, side="right")
+            sel = hi > lo
+            if sel.any():
+                out.append(ev.take(_ranges(lo[sel], hi[sel])))
+        found = Events.concat(out)
+        return found.take(np.flatnonzero(~self.resets.hidden(found)))
+
+    def add_resets(self, fired: Events) -> None:
+        """Record groups emptied by this batch (its own chunk is written without their events)."""
+        self.resets = self.resets.record(fired, horizon=self.meta.next_chunk)
+
+    def append(self, ev: Events, bounds: Bounds) -> None:
+        """Add the batch's chunk, then drop, rewrite and merge chunks as the policy says."""
+        chunks = []
+        for c in self.meta.chunks:
+            dead = c.dead_events(bounds)
+            if dead == c.n:
+                self._remove(c)
+            elif 2 * dead >= c.n:  # its rules stopped or changed: rewrite it without them
+                live = self._live(c, bounds)
+                self._remove(c)
+                if len(live):
+                    chunks.append(self._write(live))
+            else:
+                chunks.append(c)
+        if len(ev):
+            chunks.append(self._write(ev.sorted()))
+        while (run := _similar_tail(chunks)) >= MERGE_FANIN:
+            merged = Events.concat([self._live(c, bounds) for c in chunks[-run:]]).sorted()
+            for c in chunks[-run:]:
+                self._remove(c)
+            chunks[-run:] = [self._write(merged)] if len(merged) else []
+        self.meta.chunks = chunks
+        oldest = min((c.id for c in chunks), default=self.meta.next_chunk)
+        self.resets = self.resets.take(np.flatnonzero(self.resets.horizon > oldest))  # still hide something
+
+    def _live(self, c: Chunk, bounds: Bounds) -> Events:
+        ev = self.parts[c.id].ev
+        return ev.take(np.flatnonzero(bounds.mask(ev) & ~self.resets.hidden(ev)))
+
+    def _write(self, ev: Events) -> Chunk:
+        c = Chunk(self.meta.next_chunk, uuid.uuid4().hex[:12], len(ev), spans_of(ev))
+        self.meta.next_chunk += 1
+        self.backend.put_chunk(c.id, encode(ev))
+        self.parts[c.id] = self.cache.put(c, ev)
+        return c
+
+    def _remove(self, c: Chunk) -> None:
+        self.backend.remove_chunk(c.id)
+        self.parts.pop(c.id, None)
 
 
-def decode_sequences(blob: bytes | None) -> State:
-    if not blob:
-        return {}
-    table = pa.ipc.open_stream(blob).read_all().to_pydict()
-    return {
-        (int(r), int(u)): Sequence(int(s), list(ips))
-        for r, u, s, ips in zip(table["rule"], table["user"], table["start"], table["ips"], strict=True)
-    }
+def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact elementwise sum: int64 while it cannot overflow, python ints after."""
+    if a.dtype == object or b.dtype == object:
+        return a.astype(object) + b.astype(object)
+    if len(a) and max(int(np.abs(a).max()), 1) + max(int(np.abs(b).max()), 1) >= 2**62:
+        return a.astype(object) + b.astype(object)
+    return a + b
+
+
+def _similar_tail(chunks: list[Chunk]) -> int:
+    """How many of the newest chunks are of similar size (and small enough to merge)."""
+    run, smallest, total = 0, None, 0
+    for c in reversed(chunks):
+        low = c.n if smallest is None else min(smallest, c.n)
+        if total + c.n > MAX_MERGED or (smallest is not None and max(c.n, smallest) > SIMILAR * max(low, 1)):
+            break
+        run, smallest, total = run + 1, low, total + c.n
+    return run
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Concatenation of the index ranges [lo_i, hi_i)."""
+    lengths = hi - lo
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(lo - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+    return np.arange(total, dtype=np.int64) + offsets
+
+
+def death_time(c: Chunk, windows: dict[int, tuple[int, int]]) -> int:
+    """Event time at which the watermark has every event of the chunk out of its rule's window."""
+    return max((s.max_t + windows[s.rule][1] + 1 for s in c.spans if s.rule in windows), default=-1)
+
+
+def drop_dead(meta: Meta, bounds: Bounds, backend: Backend) -> None:
+    """Timer path: remove chunks with nothing alive, without reading any chunk."""
+    for c in [c for c in meta.chunks if c.dead_events(bounds) == c.n]:
+        backend.remove_chunk(c.id)
+        meta.chunks.remove(c)

@@ -6,21 +6,20 @@ sorted by (group, eventTime, arrival), every new event's window is a contiguous 
 and aggregates come from prefix sums (SUM/COUNT/AVG), a sparse table (MIN/MAX) and a
 previous-occurrence count (distinct). Cost per event is O(log n), independent of window length.
 
-A *group* is (ruleId, rule signature, key). Values are integers scaled by the rule's decimal scale,
-so all arithmetic is exact. Nothing here knows about Spark.
+Only the groups a batch touches are looked at: the caller gathers their retained events. A *group*
+is (ruleId, rule signature, key), identified by the hash pair (g, h2) from `keying`. Values are
+integers scaled by the rule's decimal scale, so all arithmetic is exact. Nothing here knows about Spark.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal, localcontext
 
 import numpy as np
-import pandas as pd
 
 from fraudrules.rules.model import COUNT_FIELDS, RESET_FIELD, Rule
 
-Retention = dict[int, tuple[int, int]]  # ruleId -> (signature, keep events with eventTime >= this)
 ALERT_SCALE = 18  # decimal places of a rendered AVG aggregate (alerts table column is DECIMAL(38, 18))
 _I64_SAFE = 2**62
 
@@ -30,38 +29,39 @@ class Events:
     """Columnar retained or incoming events. `seq` is the arrival order within the shard."""
 
     rule: np.ndarray  # int64 ruleId
-    sig: np.ndarray  # int64 signature of the rule's state-relevant fields
-    key: np.ndarray  # object: key string
+    sig: np.ndarray  # int64 signature of the rule's ACTIVE incarnation
+    g: np.ndarray  # int64 group hash (orders and shards groups)
+    h2: np.ndarray  # int64 holding a 32-bit second group hash (tells colliding `g` apart)
     t: np.ndarray  # int64 eventTime ms
     seq: np.ndarray  # int64 arrival sequence
     val: np.ndarray  # int64 aggregated value, scaled
     uniq: np.ndarray  # int64 hash of the rule's `unique` fields (0 when unused)
+    tx: np.ndarray  # int64 transactionId (what a window holds, for people looking at the state)
 
     @staticmethod
     def empty() -> Events:
-        z = np.zeros(0, dtype=np.int64)
-        return Events(z, z, np.zeros(0, dtype=object), z, z, z, z)
+        return Events(*(np.zeros(0, dtype=np.int64) for _ in FIELDS))
 
     def __len__(self) -> int:
         return len(self.t)
 
     def take(self, idx: np.ndarray) -> Events:
-        return Events(*(getattr(self, f)[idx] for f in _FIELDS))
+        return Events(*(getattr(self, f)[idx] for f in FIELDS))
 
     @staticmethod
     def concat(parts: list[Events]) -> Events:
-        return Events(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+        parts = [p for p in parts if len(p)] or [Events.empty()]
+        return Events(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
-    def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame({f: getattr(self, f) for f in _FIELDS})
+    def columns(self) -> dict[str, np.ndarray]:
+        return {f: getattr(self, f) for f in FIELDS}
 
-    @staticmethod
-    def from_frame(df: pd.DataFrame) -> Events:
-        cols = [df[f].to_numpy(dtype=object if f == "key" else np.int64) for f in _FIELDS]
-        return Events(*cols)
+    def sorted(self) -> Events:
+        """By group, then time: the layout of stored chunks (a group's events are one run, in time order)."""
+        return self.take(np.lexsort((self.t, self.h2, self.g)))
 
 
-_FIELDS = ("rule", "sig", "key", "t", "seq", "val", "uniq")
+FIELDS = ("rule", "sig", "g", "h2", "t", "seq", "val", "uniq", "tx")
 
 
 @dataclass
@@ -79,9 +79,32 @@ class Fired:
 @dataclass
 class Evaluation:
     fired: Fired
-    state: Events
-    evicted: int = 0
-    stats: dict[str, int] = field(default_factory=dict)
+    keep: np.ndarray  # bool per `new` event: still in its group's window afterwards (not emptied by a reset)
+    resets: Events  # one event per group emptied by COUNT_WITH_RESET: its events up to `seq` are gone
+
+
+I64_MAX = np.iinfo(np.int64).max
+I64_MIN = np.iinfo(np.int64).min
+
+
+@dataclass
+class Base:
+    """Per new event, what the retained events of its group inside its window contribute (they all arrived
+    earlier): count, sum, minimum and maximum of their values (identities where there are none)."""
+
+    count: np.ndarray
+    total: np.ndarray  # int64, or object (python ints) where int64 could overflow
+    low: np.ndarray
+    high: np.ndarray
+
+    @staticmethod
+    def zeros(n: int) -> Base:
+        return Base(
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            np.full(n, I64_MAX, dtype=np.int64),
+            np.full(n, I64_MIN, dtype=np.int64),
+        )
 
 
 def render(num: int, den: int) -> Decimal:
@@ -101,36 +124,30 @@ def _terminates(den: int) -> bool:
     return den == 1
 
 
-def group_codes(rule: np.ndarray, sig: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense group ids for (rule, sig, key) rows."""
-    if len(rule) == 0:
-        return np.zeros(0, dtype=np.int64), 0
-    frame = pd.DataFrame({"r": rule, "s": sig, "k": key})
-    codes = frame.groupby(["r", "s", "k"], sort=False).ngroup().to_numpy(dtype=np.int64)
-    return codes, int(codes.max()) + 1
+def group_codes(g: np.ndarray, h2: np.ndarray) -> np.ndarray:
+    """Dense group ids for rows of (g, h2), numbered in (g, h2) order."""
+    if len(g) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((h2, g))
+    starts = np.r_[True, (g[order][1:] != g[order][:-1]) | (h2[order][1:] != h2[order][:-1])]
+    codes = np.empty(len(g), dtype=np.int64)
+    codes[order] = np.cumsum(starts) - 1
+    return codes
 
 
-def evaluate(state: Events, new: Events, rules: dict[int, Rule], retention: Retention) -> Evaluation:
-    """Evaluate `new` (non-late, seq-ordered arrivals) against `state`, return alerts and the next state.
+def evaluate(old: Events, new: Events, rules: dict[int, Rule], base: Base | None = None) -> Evaluation:
+    """Evaluate `new` (non-late arrivals) against what the retained events contribute, return the alerts and
+    what of `new` stays in the windows.
 
-    `rules` holds the rule in force for every ruleId present in `new`; `retention` says what of the
-    merged events to keep (see `retain`).
+    Retained events come in as `base` (their range aggregates, per new event) or as `old` (the events
+    themselves, for distinct counts, which do not combine). `rules` holds the rule in force for every
+    ruleId present in `new`.
     """
-    codes, ngroups = group_codes(
-        np.concatenate([state.rule, new.rule]),
-        np.concatenate([state.sig, new.sig]),
-        np.concatenate([state.key, new.key]),
-    )
-    g_old, g_new = codes[: len(state)], codes[len(state) :]
-    touched = np.zeros(ngroups, dtype=bool)
-    touched[g_new] = True
-    old_in = touched[g_old] if len(state) else np.zeros(0, dtype=bool)
-
-    work = Events.concat([state.take(np.flatnonzero(old_in)), new])
-    g = np.concatenate([g_old[old_in], g_new])
-    is_new = np.concatenate([np.zeros(int(old_in.sum()), dtype=bool), np.ones(len(new), dtype=bool)])
-    new_pos = np.concatenate([np.full(int(old_in.sum()), -1), np.arange(len(new))])
-
+    base = base or Base.zeros(len(new))
+    work = Events.concat([old, new])
+    is_new = np.r_[np.zeros(len(old), dtype=bool), np.ones(len(new), dtype=bool)]
+    new_pos = np.r_[np.full(len(old), -1), np.arange(len(new))]
+    g = group_codes(work.g, work.h2)
     order = np.lexsort((work.seq, work.t, g))
     work, g, is_new, new_pos = work.take(order), g[order], is_new[order], new_pos[order]
 
@@ -139,18 +156,19 @@ def evaluate(state: Events, new: Events, rules: dict[int, Rule], retention: Rete
     hi = np.arange(len(work))
 
     q = np.flatnonzero(is_new)  # sorted positions of the events to evaluate
-    drop = np.zeros(len(work), dtype=bool)  # retained events emptied by COUNT_WITH_RESET
     fired_pos: list[np.ndarray] = []
     fired_num: list[np.ndarray] = []
     fired_den: list[np.ndarray] = []
+    last_fire: dict[int, int] = {}  # group code -> sorted position of its last COUNT_WITH_RESET firing
     rule_of_q = work.rule[q]
     for rule_id in np.unique(rule_of_q):
         rule = rules[int(rule_id)]
         rq = q[rule_of_q == rule_id]
+        b = _base_at(base, new_pos[rq])
         if rule.field == RESET_FIELD:
-            pos, num, den = _count_with_reset(rule, rq, lo, g, is_new, work.seq, drop)
+            pos, num, den = _count_with_reset(rule, rq, lo, g, is_new, last_fire, b.count)
         else:
-            num, den = _aggregate(rule, work, g, lo[rq], hi[rq])
+            num, den = _aggregate(rule, work, g, lo[rq], hi[rq], b)
             hit = compare(num, den, rule)
             pos, num, den = rq[hit], num[hit], den[hit]
         fired_pos.append(pos)
@@ -163,24 +181,15 @@ def evaluate(state: Events, new: Events, rules: dict[int, Rule], retention: Rete
         num=np.concatenate(fired_num) if fired_num else np.zeros(0, dtype=object),
         den=np.concatenate(fired_den) if fired_den else np.zeros(0, dtype=object),
     )
-    merged = Events.concat([state.take(np.flatnonzero(~old_in)), work.take(np.flatnonzero(~drop))])
-    kept = retain(merged, retention)
-    return Evaluation(fired=fired, state=merged.take(kept), evicted=len(merged) - int(kept.size))
-
-
-def retain(events: Events, retention: Retention) -> np.ndarray:
-    """Positions of events still needed.
-
-    `retention[ruleId] = (sig, before)`: keep the rule's events with that signature and eventTime ≥
-    before (older ones can be in no future window). Rules absent from it are no longer ACTIVE and
-    keep nothing, and a changed signature starts the rule's windows afresh.
-    """
-    keep = np.zeros(len(events), dtype=bool)
-    for rule_id in np.unique(events.rule):
-        if int(rule_id) in retention:
-            sig, before = retention[int(rule_id)]
-            keep |= (events.rule == rule_id) & (events.sig == sig) & (events.t >= before)
-    return np.flatnonzero(keep)
+    resets = work.take(np.array(sorted(last_fire.values()), dtype=np.int64))
+    keep = np.ones(len(new), dtype=bool)
+    if last_fire:  # a firing empties its group: the new events up to it leave the window too
+        reset_seq = np.full(int(g.max()) + 1, -1, dtype=np.int64)
+        for grp, f in last_fire.items():
+            reset_seq[grp] = work.seq[f]
+        dropped = is_new & (work.seq <= reset_seq[g])
+        keep[new_pos[dropped]] = False
+    return Evaluation(fired=fired, keep=keep, resets=resets)
 
 
 def _window_starts(g: np.ndarray, t: np.ndarray, window: np.ndarray) -> np.ndarray:
@@ -204,21 +213,37 @@ def _window_starts(g: np.ndarray, t: np.ndarray, window: np.ndarray) -> np.ndarr
     return np.maximum(lo, group_start)
 
 
-def _aggregate(rule: Rule, work: Events, g: np.ndarray, lo: np.ndarray, hi: np.ndarray):
-    """Exact aggregate over sorted ranges [lo, hi] as numerator/denominator arrays."""
-    count = (hi - lo + 1).astype(np.int64)
+def _base_at(base: Base, pos: np.ndarray) -> Base:
+    return Base(base.count[pos], base.total[pos], base.low[pos], base.high[pos])
+
+
+def _aggregate(rule: Rule, work: Events, g: np.ndarray, lo: np.ndarray, hi: np.ndarray, base: Base):
+    """Exact aggregate over sorted ranges [lo, hi] plus the retained events' `base`, as numerator/denominator."""
+    count = (hi - lo + 1).astype(np.int64) + base.count
     scale = 10**rule.scale
     if rule.unique:
         return _distinct(work.uniq, g, lo, hi), np.ones(len(lo), dtype=np.int64)
     if rule.field in COUNT_FIELDS:
         return count, np.ones(len(lo), dtype=np.int64)
-    if rule.aggregator == "AVG":
-        return _range_sums(work.val, lo, hi), count * scale
-    if rule.aggregator == "SUM":
-        num = _range_sums(work.val, lo, hi)
-    else:
-        num = _range_extreme(work.val, lo, hi, np.minimum if rule.aggregator == "MIN" else np.maximum)
+    if rule.aggregator in ("SUM", "AVG"):
+        num = _add(_range_sums(work.val, lo, hi), base.total)
+        return num, (count * scale if rule.aggregator == "AVG" else np.full(len(lo), scale, dtype=np.int64))
+    op = np.minimum if rule.aggregator == "MIN" else np.maximum
+    num = op(_range_extreme(work.val, lo, hi, op), base.low if rule.aggregator == "MIN" else base.high)
     return num, np.full(len(lo), scale, dtype=np.int64)
+
+
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact elementwise sum: int64 where it cannot overflow, python ints otherwise."""
+    if a.dtype == object or b.dtype == object or _overflows(a, b):
+        return a.astype(object) + b.astype(object)
+    return a + b
+
+
+def _overflows(a: np.ndarray, b: np.ndarray) -> bool:
+    if len(a) == 0:
+        return False
+    return max(abs(int(a.max())), abs(int(a.min()))) + max(abs(int(b.max())), abs(int(b.min()))) >= _I64_SAFE
 
 
 def _range_sums(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -293,22 +318,28 @@ def _fenwick_sum(tree: np.ndarray, i: int) -> int:
 
 
 def _count_with_reset(
-    rule: Rule, rq: np.ndarray, lo: np.ndarray, g: np.ndarray, is_new: np.ndarray, seq: np.ndarray, drop: np.ndarray
+    rule: Rule,
+    rq: np.ndarray,
+    lo: np.ndarray,
+    g: np.ndarray,
+    is_new: np.ndarray,
+    last_fire: dict[int, int],
+    retained: np.ndarray,
 ):
     """COUNT_WITH_RESET_FLINK: sequential per key, since a firing empties that key's window.
 
-    Retained events from before the last reset were already removed from state, so until the first
-    firing in this batch the count is the plain range length; after a firing at sorted position f
-    only new arrivals after f (which are exactly the later rows of this group) can count.
+    Retained events from before the last reset do not count (not in `retained`, the retained events'
+    count per evaluated event), so until the first firing in this batch the count is that plus the range
+    length; after a firing at sorted position f only new arrivals after f (which are exactly the later
+    rows of this group) can count. `last_fire` gets each group's last firing position.
     """
     new_prefix = np.concatenate([[0], np.cumsum(is_new)])
-    last_fire: dict[int, int] = {}
     pos, num = [], []
-    for i in rq.tolist():
+    for k, i in enumerate(rq.tolist()):
         grp = int(g[i])
         f = last_fire.get(grp)
         if f is None:
-            count = i - int(lo[i]) + 1
+            count = i - int(lo[i]) + 1 + int(retained[k])
         else:
             start = max(int(lo[i]), f + 1)
             count = int(new_prefix[i + 1] - new_prefix[start])
@@ -316,8 +347,6 @@ def _count_with_reset(
             pos.append(i)
             num.append(count)
             last_fire[grp] = i
-    for grp, f in last_fire.items():
-        drop |= (g == grp) & (seq <= seq[f])
     return np.array(pos, dtype=np.int64), np.array(num, dtype=object), np.ones(len(pos), dtype=object)
 
 

@@ -24,7 +24,6 @@ from decimal import Decimal, InvalidOperation
 import pandas as pd
 
 from fraudrules.engine.windowing import OPERATORS
-from fraudrules.rules.codec import decode_active_windows
 from fraudrules.rules.model import LOGIN_RULE, RuleError, parse_rule
 
 
@@ -108,7 +107,7 @@ def derive_alerts(alerts: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
 
 def derive_window_state(
     entries: pd.DataFrame,
-    meta: pd.DataFrame,
+    engine: dict[int, dict[int, tuple[int, int]]],
     rules: pd.DataFrame,
     history: pd.DataFrame,
     watermark_ms: int | None,
@@ -117,15 +116,15 @@ def derive_window_state(
 ) -> pd.DataFrame:
     """Per retained event: the window it is kept for, and whether it may still be kept.
 
-    `entries`: shard, ruleId, sig, key, eventTime, seq, value; `meta`: shard, active (the ACTIVE rules as last
-    seen by that shard, in the rules codec's encoding); `rules`: the rules table; `history`: rule_history.
+    `entries`: shard, ruleId, sig, key, eventTime, seq, value (what the engine's windows can still reach, by
+    the engine's own rules); `engine`: per shard, the engine's ACTIVE rules as ruleId -> (sig, window ms);
+    `rules`: the rules table; `history`: rule_history.
     """
     df = entries.copy()
     active = rules[rules["ruleState"] == "ACTIVE"]
     current = {
         int(r): (int(s), int(w)) for r, s, w in zip(active["ruleId"], active["sig"], active["windowMs"], strict=True)
     }
-    seen = {int(s): decode_active_windows(t or "") for s, t in zip(meta["shard"], meta["active"], strict=True)}
     changed = history.groupby("ruleId")["updatedAt"].max() if len(history) else pd.Series(dtype="datetime64[ns]")
     changed_ms = {int(r): int(v) for r, v in zip(changed.index, _ms(changed), strict=True)}
     pending = {r for r, t in changed_ms.items() if batch_time_ms is not None and t >= batch_time_ms}
@@ -133,7 +132,7 @@ def derive_window_state(
     def window(shard: int, rule: int) -> int:
         if rule in current:
             return current[rule][1]
-        return seen.get(shard, {}).get(rule, (0, 0))[1]
+        return engine.get(shard, {}).get(rule, (0, 0))[1]
 
     rows = list(df.itertuples(index=False))
     df["watermarkMs"] = int(watermark_ms or 0)

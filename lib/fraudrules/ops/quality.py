@@ -59,14 +59,14 @@ def read_table(spark, cfg: JobConfig, name: str, columns: list[str] | None = Non
     return (df.select(*columns) if columns else df).toPandas()
 
 
-def read_state(spark, cfg: JobConfig) -> tuple[pd.DataFrame, pd.DataFrame, state_reader.CommittedBatch]:
-    """Retained events (with their rule signature) and per-shard meta of the newest committed evaluate batch;
-    raises MissingInput when the checkpoint has no committed batch."""
+def read_state(spark, cfg: JobConfig) -> tuple[pd.DataFrame, dict, state_reader.CommittedBatch]:
+    """Retained events the engine can still use (with their rule signature) and the engine's ACTIVE rules per
+    shard, as of the newest committed evaluate batch; raises MissingInput when there is none."""
     batch = state_reader.last_committed(cfg, EVALUATE_QUERY)
     if batch is None:
         raise MissingInput(f"the {EVALUATE_QUERY} query has no committed batch under {cfg.checkpoint(EVALUATE_QUERY)}")
     entries = state_reader.entries(spark, cfg, batch.batch_id)
-    return entries, state_reader.shard_meta(spark, cfg, batch.batch_id), batch
+    return entries, state_reader.engine_rules(spark, cfg, batch.batch_id), batch
 
 
 def read_frames(

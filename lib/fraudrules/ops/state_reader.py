@@ -1,7 +1,9 @@
 """The stateful queries' state, read from their checkpoints with Spark's state data source.
 
-The window state is what the evaluate query retains per shard (decoded with the processors' own codec,
-`engine.state`); the login state is the detector's open sequences.
+The window state is what the evaluate query retains per shard, decoded with the engine's own codec
+(`engine.state`). Chunks may still physically hold events no window can reach any more (they go when their
+chunk is dropped or merged); `events` shows, by default, what the engine would use. The login state is the
+detector's open sequences.
 """
 
 from __future__ import annotations
@@ -10,13 +12,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from fraudrules import tables
 from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY, JobConfig
-from fraudrules.engine.state import decode_events, decode_sequences
+from fraudrules.engine import keying
+from fraudrules.engine.inputs import shard_labels
+from fraudrules.engine.logins import decode_sequences
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.engine.state import Bounds, Resets, decode
+from fraudrules.engine.windowing import FIELDS
 
-STATE_COLUMNS = ("shard", "ruleId", "sig", "key", "eventTime", "seq", "value")
+STATE_COLUMNS = ("shard", "ruleId", "sig", "key", "eventTime", "transactionId", "seq", "value")
+KEY_FIELDS = keying.TX_COLUMNS[1:7]  # the transaction fields a rule can group by (after transactionId)
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ def last_committed(cfg: JobConfig, query: str = EVALUATE_QUERY) -> CommittedBatc
 
 
 def raw(
-    spark: SparkSession, cfg: JobConfig, var: str = "events", batch_id: int | None = None, query: str = EVALUATE_QUERY
+    spark: SparkSession, cfg: JobConfig, var: str = "chunks", batch_id: int | None = None, query: str = EVALUATE_QUERY
 ) -> DataFrame:
     spark.streams.active  # noqa: B018 - starts the state store coordinator the RocksDB reader reports to
     reader = spark.read.format("statestore").option("path", cfg.checkpoint(query)).option("stateVarName", var)
@@ -49,24 +60,69 @@ def raw(
     return reader.load()
 
 
+def _index(cfg: JobConfig) -> dict[int, int]:
+    """Shard number of each grouping label (see inputs.shard_labels)."""
+    return {label: i for i, label in enumerate(shard_labels(cfg.shards, cfg.shuffle_partitions))}
+
+
+def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int) -> dict[int, object]:
+    """A value state variable of the evaluate query, per shard number."""
+    index = _index(cfg)
+    return {index[int(r.key.shard)]: r.value[0] for r in raw(spark, cfg, var, batch_id).collect()}
+
+
+def _batch(cfg: JobConfig, batch_id: int | None) -> CommittedBatch | None:
+    last = last_committed(cfg)
+    if last is None or batch_id is None or batch_id == last.batch_id:
+        return last
+    return CommittedBatch(batch_id, last.watermark_ms, last.timestamp_ms)
+
+
+def engine_rules(spark: SparkSession, cfg: JobConfig, batch_id: int) -> dict[int, dict[int, tuple[int, int]]]:
+    """Per shard, the ACTIVE window rules the engine holds: ruleId -> (signature, window ms)."""
+    return {s: RuleSet.from_json(t).windows() for s, t in _values(spark, cfg, "rules", batch_id).items()}
+
+
+def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, live: bool = True) -> pd.DataFrame:
+    """Retained events of the window rules, one row each: shard number and the engine's event columns; with
+    `live`, only those a future window can still reach (by the engine's own rules and the batch's watermark)."""
+    batch = _batch(cfg, batch_id)
+    if batch is None:
+        return pd.DataFrame(columns=["shard", *FIELDS])
+    rules = {s: RuleSet.from_json(t) for s, t in _values(spark, cfg, "rules", batch.batch_id).items()}
+    resets = {s: Resets.decode(bytes(b)) for s, b in _values(spark, cfg, "resets", batch.batch_id).items()}
+    frames, index = [], _index(cfg)
+    for row in raw(spark, cfg, "chunks", batch.batch_id).collect():
+        shard = index[int(row.key.shard)]
+        ev = decode(bytes(row.user_map_value.blob))
+        if live:
+            keep = Bounds.of(rules[shard].windows(), batch.watermark_ms).mask(ev)
+            ev = ev.take(np.flatnonzero(keep & ~resets.get(shard, Resets.empty()).hidden(ev)))
+        frames.append(pd.DataFrame({"shard": shard, **ev.columns()}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["shard", *FIELDS])
+
+
 def entries(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:
-    """One row per retained event: (shard, ruleId, sig, key, eventTime, seq, value scaled)."""
-    frames = []
-    for row in raw(spark, cfg, "events", batch_id).collect():
-        events = decode_events(bytes(row.value.blob)).to_frame()
-        events.insert(0, "shard", int(row.key.shard))
-        frames.append(events)
-    if not frames:
-        out = pd.DataFrame(columns=list(STATE_COLUMNS))
-    else:
-        out = pd.concat(frames, ignore_index=True).rename(columns={"rule": "ruleId", "t": "eventTime", "val": "value"})
-    return out[list(STATE_COLUMNS)].astype({c: "int64" for c in STATE_COLUMNS if c != "key"})
-
-
-def shard_meta(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:
-    """Per shard: the ACTIVE window rules it last saw (`active`, in the rules codec's format)."""
-    rows = raw(spark, cfg, "meta", batch_id).collect()
-    return pd.DataFrame([(int(r.key.shard), r.value.active) for r in rows], columns=["shard", "active"])
+    """One row per retained event the engine can still use, with its key (the transaction's grouping fields,
+    read back from bronze) and its transaction."""
+    ev = events(spark, cfg, batch_id)
+    if ev.empty:
+        return pd.DataFrame(columns=list(STATE_COLUMNS))
+    batch = _batch(cfg, batch_id)
+    rules = RuleSet.from_json(next(iter(_values(spark, cfg, "rules", batch.batch_id).values())))
+    wanted = tables.read(spark, cfg, "transactions").where(F.col("transactionId").isin(*set(ev["tx"].tolist())))
+    fields = wanted.select("transactionId", *KEY_FIELDS).toPandas().drop_duplicates("transactionId")
+    fields["paymentAmount"] = (fields["paymentAmount"].astype(object) * 100).astype("int64")
+    fields["paymentType"] = fields["paymentType"].map({p: i for i, p in enumerate(keying.PAYMENT_TYPES)})
+    by_tx = fields.set_index("transactionId")
+    keys = []
+    for rule_id, txid in zip(ev["rule"], ev["tx"], strict=True):
+        rule = rules.rule(int(rule_id))
+        found = int(txid) in by_tx.index
+        values = tuple(int(by_tx.at[int(txid), n]) for n in rule.grouping_key_names) if found else None
+        keys.append(keying.key_text(rule, values) if values is not None else None)
+    out = ev.rename(columns={"rule": "ruleId", "t": "eventTime", "tx": "transactionId", "val": "value"})
+    return out.assign(key=keys)[list(STATE_COLUMNS)].astype({c: "int64" for c in STATE_COLUMNS if c != "key"})
 
 
 def keys(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:

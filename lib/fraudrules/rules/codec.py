@@ -1,29 +1,23 @@
-"""The one codec of a rule crossing the Python/SQL boundary, each form with its writers and its reader.
+"""The one codec of a rule crossing the Python/SQL boundary, each form with its writer and its reader.
 
-- **table row**: a `Rule` as a row of the rules Delta table (`to_row`) and back (`from_row`). The row's `sig`
-  names an ACTIVE incarnation's windows (`incarnation_sig`): it changes when the rule is (re)activated or
-  changes what its windows hold, and the engine then starts those windows afresh.
-- **spec**: a window rule's evaluation parameters, carried by every keyed row as one "|"-joined string in
-  `SPEC_FIELDS` order (one string column instead of seven: conversion to pandas costs per column and per
-  string). Written by keying in SQL (`spec_column`) or in Python (`encode_spec`); read by `decode_spec`.
-- **active window rules**: "ruleId:sig:windowMs,..." — the ACTIVE window rules as a shard last saw them,
-  which is what decides what its retained events are kept for (`active_windows_column`, `encode_active_windows`
-  ⇄ `decode_active_windows`).
-- **active login rules**: "ruleId:windowMs,..." for the login detector (`active_logins_column`,
-  `encode_active_logins` ⇄ `decode_active_logins`).
+- **table row**: a `Rule` as a row of the rules and rule_history Delta tables (`to_row`) and back
+  (`from_row`). The row's `sig` names an ACTIVE incarnation's windows (`incarnation_sig`): it changes when
+  the rule is (re)activated or changes what its windows hold, and the engine then starts those windows
+  afresh.
+- **rule change**: a rule_history row as the stateful stages receive it, beside the events: one JSON text
+  column `RULE_CHANGE` with `RULE_FIELDS` (null on event rows; one column keeps event rows narrow). Written
+  in SQL by `change_column`, in Python by `encode_change`; read by `decode_change`.
 
-The formats are part of the checkpointed state (the processors keep the active strings): change them only
-together with a state migration.
+The shards keep the rules they hold as `engine.ruleset.RuleSet` JSON: a change of these forms needs a state
+migration.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
-from decimal import Decimal
-from functools import lru_cache
 from typing import Any
 
 from pyspark.sql import Column
@@ -31,17 +25,8 @@ from pyspark.sql import functions as F
 
 from fraudrules.rules.model import NUMERIC_FIELDS, Rule, parse_rule
 
-SPEC_FIELDS = (
-    "version",
-    "aggregateFieldName",
-    "aggregatorFunctionType",
-    "limitOperatorType",
-    "limit",
-    "windowMs",
-    "distinct",
-)
-SPEC_SEP = "|"
-ITEM_SEP, PART_SEP = ",", ":"  # of the active strings
+RULE_CHANGE = "ruleChange"
+RULE_FIELDS = ("ruleId", "version", "ruleState", "ruleJson", "sig", "epoch")
 
 
 # ------------------------------------------------------------------------------------------ table row
@@ -53,7 +38,7 @@ def incarnation_sig(rule: Rule, active_since: int) -> int:
 
 
 def to_row(rule: Rule, version: int, active_since: int, epoch: int, now: datetime, author: str) -> dict[str, Any]:
-    """A rule as a row of the rules table (`tables.SCHEMAS["rules"]`)."""
+    """A rule as a row of the rules table (`tables.SCHEMAS["rules"]`; rule_history adds the change)."""
     return {
         "ruleId": rule.rule_id,
         "version": version,
@@ -88,74 +73,18 @@ def from_row(row: Mapping[str, Any]) -> Rule:
     return parse_rule(json.loads(row["ruleJson"])).with_version(row["version"])
 
 
-# ------------------------------------------------------------------------------------------ spec
+# ------------------------------------------------------------------------------------------ rule change
 
 
-def spec_column() -> Column:
-    """The keyed row's `spec`, from the rules-table columns behind SPEC_FIELDS ("distinct" as 0/1)."""
-    parts = [F.col(c).cast("string") for c in SPEC_FIELDS[:-1]]
-    parts.append((F.size("unique") > 0).cast("int").cast("string"))
-    return F.concat_ws(SPEC_SEP, *parts)
+def change_column() -> Column:
+    """A rule_history row's `RULE_CHANGE` text (SQL)."""
+    return F.to_json(F.struct(*RULE_FIELDS)).alias(RULE_CHANGE)
 
 
-def encode_spec(rule: Rule) -> str:
-    """A rule's `spec` as `spec_column` writes it."""
-    distinct = int(bool(rule.unique))
-    parts = (rule.version, rule.field, rule.aggregator, rule.operator, rule.limit, rule.window_ms, distinct)
-    return SPEC_SEP.join(str(p) for p in parts)
+def encode_change(row: Mapping[str, Any]) -> str:
+    """A rule_history row's `RULE_CHANGE` text, as `change_column` writes it."""
+    return json.dumps({f: row.get(f) for f in RULE_FIELDS}, separators=(",", ":"))
 
 
-@lru_cache(maxsize=4096)
-def decode_spec(rule_id: int, spec: str) -> Rule:
-    """The evaluation parameters a keyed row carries, as a Rule (grouping and filter are already applied)."""
-    version, field, aggregator, operator, limit, window_ms, distinct = spec.split(SPEC_SEP)
-    return Rule(
-        rule_id=rule_id,
-        state="ACTIVE",
-        field=field,
-        aggregator=aggregator,
-        operator=operator,
-        limit=Decimal(limit),
-        window_minutes=int(window_ms) // 60_000,
-        version=int(version),
-        unique=("distinct",) if distinct == "1" else (),
-    )
-
-
-# ------------------------------------------------------------------------------------------ active sets
-
-
-def _joined(*columns: str) -> Column:
-    """Aggregate: every row's columns joined with ":", the rows joined with ","."""
-    return F.array_join(F.collect_list(F.concat_ws(PART_SEP, *columns)), ITEM_SEP)
-
-
-def active_windows_column() -> Column:
-    """Aggregate over the ACTIVE window rules: their "ruleId:sig:windowMs,..." string."""
-    return _joined("ruleId", "sig", "windowMs")
-
-
-def encode_active_windows(rules: Iterable[tuple[int, int, int]]) -> str:
-    """(ruleId, sig, windowMs) triples as `active_windows_column` writes them."""
-    return ITEM_SEP.join(PART_SEP.join(str(x) for x in triple) for triple in rules)
-
-
-def decode_active_windows(text: str) -> dict[int, tuple[int, int]]:
-    """{ruleId: (sig, windowMs)} from "ruleId:sig:windowMs,..."."""
-    parts = (item.split(PART_SEP) for item in text.split(ITEM_SEP) if item)
-    return {int(rid): (int(sig), int(window)) for rid, sig, window in parts}
-
-
-def active_logins_column() -> Column:
-    """Aggregate over the ACTIVE login rules: their "ruleId:windowMs,..." string."""
-    return _joined("ruleId", "windowMs")
-
-
-def encode_active_logins(windows: Mapping[int, int]) -> str:
-    """{ruleId: windowMs} as `active_logins_column` writes it."""
-    return ITEM_SEP.join(f"{rule}{PART_SEP}{window}" for rule, window in windows.items())
-
-
-def decode_active_logins(text: str) -> dict[int, int]:
-    """{ruleId: windowMs} from "ruleId:windowMs,..."."""
-    return {int(r): int(w) for r, w in (item.split(PART_SEP) for item in text.split(ITEM_SEP) if item)}
+def decode_change(text: str) -> dict[str, Any]:
+    return json.loads(text)

@@ -24,6 +24,7 @@ NUMERIC_FIELDS: dict[str, int] = {
     "ingestionTimestamp": 0,
 }
 TEXT_FIELDS = frozenset({"paymentType"})
+PAYMENT_TYPES = ("CSH", "CRD")  # the engine carries paymentType as its position here
 TRANSACTION_FIELDS = frozenset(NUMERIC_FIELDS) | TEXT_FIELDS
 
 LOGIN_RULE = "LOGIN_ANOMALY"

@@ -1,0 +1,120 @@
+"""The stateful stages' input: events and rule changes in one stream, rule changes broadcast to every shard.
+
+Window rules: every transaction goes to every shard (as narrow integer rows); each shard keys it by the
+rules it holds and keeps the groups it owns (`keying`). Login rules all key by user, so a login event
+goes to its user's shard only. Rule changes come from streaming the append-only `rule_history` table.
+
+Shards are labelled so that Spark's hash partitioning puts shard i in partition i mod partitions: no
+two shards share a task while a core is idle.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from fraudrules import tables
+from fraudrules.config import JobConfig
+from fraudrules.engine import ingest
+from fraudrules.engine.keying import TX_COLUMNS
+from fraudrules.rules.codec import RULE_CHANGE, change_column
+from fraudrules.rules.model import PAYMENT_TYPES
+
+LOGIN_EVENT_COLUMNS = (
+    "userId",
+    "eventType",
+    "ipAddress",
+    "eventTimestamp",
+    "ingestionTimestamp",
+    "srcTime",
+    "srcId",
+    "srcPos",
+)
+
+
+def _murmur3_int(value: int, seed: int = 42) -> int:
+    """Spark's Murmur3 hash of an int column (what HashPartitioning partitions by)."""
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k = rotl((value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h = (rotl(seed ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4
+    for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        h = (h ^ (h >> shift)) * mul & 0xFFFFFFFF
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def shard_labels(shards: int, partitions: int) -> list[int]:
+    """Grouping values for shards 0..shards-1 such that shard i lands in partition i mod partitions."""
+    labels: list[int] = []
+    candidate = 0
+    for i in range(shards):
+        while _murmur3_int(candidate) % partitions != i % partitions or candidate in labels:
+            candidate += 1
+        labels.append(candidate)
+        candidate = 0
+    return labels
+
+
+def watermarked(df: DataFrame, time_ms_column: str, lateness_ms: int) -> DataFrame:
+    """The event-time watermark on an epoch-ms column, declared on a helper column that is dropped at
+    once: the stateful stage still receives the query's watermark, but Spark no longer discards late
+    rows before the processor can report them."""
+    return (
+        df.withColumn("wm_ts", F.timestamp_millis(time_ms_column))
+        .withWatermark("wm_ts", f"{lateness_ms} milliseconds")
+        .drop("wm_ts")
+    )
+
+
+def _no_rule() -> Column:
+    return F.lit(None).cast("string").alias(RULE_CHANGE)
+
+
+def _to_all(df: DataFrame, labels: list[int]) -> DataFrame:
+    return df.withColumn("shard", F.explode(F.array(*[F.lit(label) for label in labels])))
+
+
+def rule_changes(spark: SparkSession, cfg: JobConfig, event_columns: dict[str, str]) -> DataFrame:
+    """The rule-change stream as input rows: the rule columns, event columns zero/null."""
+    history = tables.read_stream(spark, cfg, "rule_history")
+    events = [F.lit(None if kind == "string" else 0).cast(kind).alias(name) for name, kind in event_columns.items()]
+    return history.select(*events, change_column())
+
+
+def numeric(tx: DataFrame) -> DataFrame:
+    """Typed transactions as the integer columns keying reads (amounts in cents, payment type as a code)."""
+    code = F.array_position(F.array(*[F.lit(p) for p in PAYMENT_TYPES]), F.col("paymentType")) - 1
+    columns = {
+        "paymentAmount": (F.col("paymentAmount") * 100).cast("long"),
+        "paymentType": code.cast("long"),
+        "srcId": F.xxhash64("srcName"),
+    }
+    return tx.select(*[columns.get(c, F.col(c)).cast("long").alias(c) for c in TX_COLUMNS])
+
+
+def transactions(raw: DataFrame, cfg: JobConfig) -> DataFrame:
+    """Valid transactions with the watermark, as keying reads them."""
+    tx = watermarked(ingest.valid(ingest.parse(raw)), "eventTime", cfg.lateness_ms)
+    return numeric(tx).select("*", _no_rule())
+
+
+def window_input(spark: SparkSession, cfg: JobConfig, raw: DataFrame, labels: list[int]) -> DataFrame:
+    """Transactions and rule changes, both to every shard."""
+    tx = _to_all(transactions(raw, cfg), labels)
+    rules = _to_all(rule_changes(spark, cfg, {c: "long" for c in TX_COLUMNS}), labels)
+    return tx.unionByName(rules)
+
+
+def login_input(spark: SparkSession, cfg: JobConfig, raw: DataFrame, labels: list[int]) -> DataFrame:
+    """Login events to their user's shard, rule changes to every shard."""
+    events = watermarked(ingest.valid(ingest.parse_logins(raw)), "eventTimestamp", cfg.lateness_ms)
+    position = (F.pmod(F.xxhash64("userId"), F.lit(len(labels))) + 1).cast("int")
+    label_of = F.element_at(F.array(*[F.lit(x) for x in labels]), position)
+    events = events.withColumn("srcId", F.xxhash64("srcName")).select(*LOGIN_EVENT_COLUMNS, _no_rule())
+    kinds = {c: events.schema[c].dataType.simpleString() for c in LOGIN_EVENT_COLUMNS}
+    rules = _to_all(rule_changes(spark, cfg, kinds), labels)
+    return events.withColumn("shard", label_of).unionByName(rules)
