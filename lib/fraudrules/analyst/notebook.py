@@ -16,14 +16,12 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
 
 from fraudrules import backtest, config, tables
 from fraudrules.analyst import views
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
 from fraudrules.engine import job
-from fraudrules.engine.sinks import Printer
 from fraudrules.generator import Workload, sample_rules_path, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
@@ -107,35 +105,29 @@ def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 50
     return n
 
 
-def start_query(spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print) -> StreamingQuery:
-    """One of the job's queries (`config.QUERIES`), started as `job.start` starts it."""
-    if name not in QUERIES:
-        raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
-    tables.ensure(spark, cfg)
-    return job.start_query(*job.query(spark, cfg, name, printer), cfg, name)
-
-
 def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str]) -> dict[str, Any]:
-    """Start the named queries ("rules,evaluate" or a list) and wait for them: to completion with
-    available-now, for as long as they run otherwise (the continuous job). A failed query raises.
+    """Start the named queries ("rules,evaluate" or a list) as `job.start` does and wait for them: to
+    completion with available-now, for as long as they run otherwise (the continuous job). A failed query
+    raises. Their results are in Delta when this returns.
 
     Returns, per query, its micro-batches' progress as Spark reports it (`progress`), plus the
     number of batches and of input rows over all of them.
     """
     wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
-    started = [start_query(spark, cfg, n) for n in wanted if n]
+    unknown = [n for n in wanted if n not in QUERIES]
+    if unknown:
+        raise ValueError(f"unknown query {unknown[0]!r}; queries: {', '.join(QUERIES)}")
+    running = job.start(spark, cfg, names=tuple(n for n in wanted if n))
     try:  # until all have finished, or the first one fails (then the others are stopped with it)
-        while active := [q for q in started if q.isActive]:
+        while active := [q for q in running.queries if q.isActive]:
             active[0].awaitTermination(2)
-            failed = [q.exception() for q in started if not q.isActive and q.exception() is not None]
+            failed = [q.exception() for q in running.queries if not q.isActive and q.exception() is not None]
             if failed:
                 raise failed[0]
     finally:
-        for query in started:
-            if query.isActive:
-                query.stop()
+        running.stop()
     out = {}
-    for query in started:
+    for query in running.queries:
         progress = [json.loads(pr.json) for pr in query.recentProgress]
         out[query.name] = {
             "batches": len(progress),
