@@ -96,7 +96,7 @@ def fraud_data_quality():
         for note in report.notes:
             print(note)
         print(report.message())
-        return report.to_json()
+        return report.summary()
 
     @task(retries=0)
     def verdict(report: dict) -> dict:
@@ -106,7 +106,7 @@ def fraud_data_quality():
         print(f"Data Docs: {report['docs_index']}")
         if not report["success"]:
             raise AirflowFailException(f"{report['message']}\nData Docs: {report['docs_index']}")
-        return {"success": True, "rows": report["rows"], "read": report["read"], "docs_index": report["docs_index"]}
+        return {k: report[k] for k in ("success", "rows", "read", "docs_index", "report")}
 
     engine = {
         "shards": "{{ params.shards }}",

@@ -69,14 +69,15 @@ def read_version(spark: SparkSession, cfg: JobConfig, name: str, version: int) -
 def pin(spark: SparkSession, cfg: JobConfig) -> dict:
     """What a run reads: each existing table at its current version (also registered as a temp view of its name,
     for the cross-table queries) and each stateful query's newest committed batch."""
+    # The state first: the tables its batch wrote (and the bronze rows other queries wrote meanwhile) are then in.
+    state = {q: b.batch_id for q in STATE_QUERIES if (b := state_reader.last_committed(cfg, q)) is not None}
     pinned = {name: table_version(spark, cfg, name) for name in JOB_TABLES if tables.exists(spark, cfg, name)}
     for name, version in pinned.items():
         read_version(spark, cfg, name, version).createOrReplaceTempView(name)
-    state = {q: b.batch_id for q in STATE_QUERIES if (b := state_reader.last_committed(cfg, q)) is not None}
     return {"tables": pinned, "state": state}
 
 
-def missing_table(spark: SparkSession, cfg: JobConfig, name: str) -> str | None:
+def missing_table(spark: SparkSession | None, cfg: JobConfig, name: str) -> str | None:
     return None if tables.exists(spark, cfg, name) else f"no table {name} at {cfg.table(name)}"
 
 
@@ -210,7 +211,9 @@ class DeltaTableAsset(_PinnedAsset):
         extra = pydantic.Extra.forbid
 
     def missing(self) -> str | None:
-        return missing_table(self.datasource.get_spark(), self._cfg(), self.table)
+        cfg = self._cfg()
+        spark = self.datasource.get_spark() if cfg.uses_catalog else None  # local tables: a look at the folder
+        return missing_table(spark, cfg, self.table)
 
     def frame(self, spark: SparkSession, cfg: JobConfig, snapshot: dict) -> tuple[DataFrame, dict, dict]:
         version = int(snapshot["tables"][self.table])

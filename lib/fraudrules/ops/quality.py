@@ -95,7 +95,7 @@ def run(
     run_name = run_name or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     absent = missing_inputs(cp)
     if absent:
-        return QualityReport(run_name, False, [missing(t, r) for t, r in absent.items()], {})
+        return _saved(QualityReport(run_name, False, [missing(t, r) for t, r in absent.items()], {}), dq_dir)
     snapshot = gx_sources.pin(spark, cfg)
     result = cp.run(
         batch_parameters={gx_sources.SNAPSHOT: snapshot},
@@ -115,6 +115,15 @@ def run(
     report.notes.append(
         f"validated {len(report.read)} suites in {time.time() - started:.1f} s (checkpoint {CHECKPOINT})"
     )
+    return _saved(report, dq_dir)
+
+
+def _saved(report: QualityReport, dq_dir: str) -> QualityReport:
+    """The report, also written whole as <dq_dir>/reports/<run>.json."""
+    path = Path(dq_dir) / "reports" / f"{report.run_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report.path = str(path)
+    path.write_text(json.dumps(report.to_json(), indent=2, default=str))
     return report
 
 

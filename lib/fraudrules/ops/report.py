@@ -53,6 +53,7 @@ class QualityReport:
     docs_index: str | None = None
     read: dict[str, str] = field(default_factory=dict)  # table -> what was read (table @ Delta version N, ...)
     notes: list[str] = field(default_factory=list)
+    path: str | None = None  # where the whole report (to_json) was written
 
     @property
     def failures(self) -> list[Outcome]:
@@ -69,7 +70,8 @@ class QualityReport:
         lines += [f"  {o.describe()}" for o in self.failures]
         return "\n".join(lines)
 
-    def to_json(self) -> dict:
+    def summary(self) -> dict:
+        """The verdict, what was read and where the details are (what the DAG keeps as its task's result)."""
         return {
             "run_id": self.run_id,
             "success": self.success,
@@ -77,8 +79,14 @@ class QualityReport:
             "failed": [o.label for o in self.failures],
             "message": self.message(),
             "rows": self.rows,
-            "docs_index": self.docs_index,
             "read": self.read,
+            "docs_index": self.docs_index,
+            "report": self.path,
+        }
+
+    def to_json(self) -> dict:
+        return {
+            **self.summary(),
             "notes": self.notes,
             "outcomes": [asdict(o) | {"label": o.label} for o in self.outcomes],
         }
