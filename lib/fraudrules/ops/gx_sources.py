@@ -90,27 +90,25 @@ def missing_state(cfg: JobConfig, query: str) -> str | None:
 # ------------------------------------------------------------------------------------------ state frames
 
 
-def window_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
-    """The evaluate query's retained events that a window can still reach, one row each, with the batch's facts."""
-    entries = state_reader.entries(spark, cfg, batch.batch_id)
-    frame = entries.assign(
+def _facts(frame: pd.DataFrame, cfg: JobConfig, batch: state_reader.CommittedBatch) -> pd.DataFrame:
+    """A state's rows with the facts of the batch they are the state of (what its checks compare with)."""
+    return frame.assign(
         batchId=batch.batch_id,
         watermarkMs=batch.watermark_ms,
         batchTimeMs=batch.timestamp_ms,
         latenessMs=cfg.lateness_ms,
     )
+
+
+def window_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
+    """The evaluate query's retained events that a window can still reach, one row each, with the batch's facts."""
+    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id), cfg, batch)
     return spark.createDataFrame(frame, WINDOW_STATE_SCHEMA)
 
 
 def login_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
     """The login detector's open sequences, one row each, with the batch's facts."""
-    seqs = state_reader.login_sequences(spark, cfg, batch.batch_id)
-    frame = seqs.assign(
-        batchId=batch.batch_id,
-        watermarkMs=batch.watermark_ms,
-        batchTimeMs=batch.timestamp_ms,
-        latenessMs=cfg.lateness_ms,
-    )
+    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch)
     rows = frame.astype(object).where(pd.notna(frame), None).to_dict("records")
     return spark.createDataFrame(rows, LOGIN_STATE_SCHEMA)
 
