@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 JARS := .jars
 DATA_DIR ?= data
 LINTED := lib tests dags tools
+comma := ,
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export FRAUDRULES_JARS := $(abspath $(JARS)/spark)
@@ -67,12 +68,15 @@ wheel: setup
 bench: setup
 	$(BIN)/python -m tools.bench --data-dir bench/work $(ARGS)
 
-# Runs the data-quality DAG locally (airflow dags test) on the tables under DATA_DIR; leaves Data Docs HTML.
+# Runs the data-quality DAG locally (airflow dags test, target local) on the tables and state under DATA_DIR:
+# the committed GX checkpoint; validation results and Data Docs of every run accumulate in DATA_DIR/dq.
+# DQ_CONF adds DAG params as JSON fields, e.g. DQ_CONF='"max_age_minutes": 1440'.
 dq: setup
 	mkdir -p $(DATA_DIR)/airflow
 	export AIRFLOW_HOME=$(abspath $(DATA_DIR)/airflow) AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER=$(abspath dags); \
 	$(AIRFLOW_VENV)/bin/airflow db migrate > /dev/null && \
-	$(AIRFLOW_VENV)/bin/airflow dags test fraud_data_quality -c '{"data_dir": "$(abspath $(DATA_DIR))"}'; rc=$$?; \
+	$(AIRFLOW_VENV)/bin/airflow dags test fraud_data_quality \
+	  -c '{"target": "local", "data_dir": "$(abspath $(DATA_DIR))"$(if $(DQ_CONF),$(comma) $(DQ_CONF))}'; rc=$$?; \
 	echo "Data Docs: $(abspath $(DATA_DIR))/dq/docs/index.html"; exit $$rc
 
 notebooks: setup

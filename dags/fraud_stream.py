@@ -7,15 +7,18 @@ rules and thresholds, `fraudrules.ops.health`):
   file and its landing backlog; the repository's local supervisor (`python -m tools.supervisor`) starts
   `fraudrules run` detached when it is not running, or restarts it when it runs but has committed no batch for
   `stale_after_s` while input waits (a hung job);
-- **databricks**: the Databricks provider's hook looks up the bundle's job (`databricks_job_id`, or by
-  `databricks_job_name`) and its active run and, when a SQL warehouse is configured, reads the heartbeat from
-  the `batches` table; `fraudrules status --facts -` judges those facts; the hook starts a run when none is
-  active, or cancels a run that stopped committing (the continuous trigger starts the next).
+- **databricks**: the provider's public hook API looks up the bundle's job by name (`list_jobs`): a continuous job
+  that is unpaused is kept running by Databricks itself; when a SQL warehouse is configured, the heartbeat is read
+  from the `batches` table; `fraudrules status --facts -` judges those facts. A paused continuous job is unpaused
+  (`update_job`), a job that is not continuous is started with the provider's `DatabricksRunNowOperator` (job by
+  name, run-page link, not waited for), and a job that stopped committing has its runs cancelled
+  (`cancel_all_runs`), which the continuous trigger replaces.
 
-The DAG never waits for the continuous job: starting returns once the process (or run) exists. A run fails,
-without retrying, when the job is slow (p99 latency over `p99_threshold_ms` or rising), falls behind
-(`lag_threshold_s`) or crash-loops (more than `max_restarts_per_hour` restarts); a restart that
-fixed a dead or hung job is a success, logged with its reason.
+`decide` picks one of those actions (or none); the DAG never waits for the continuous job. A run fails, without
+retrying, when the job is slow (p99 latency over `p99_threshold_ms` or rising), falls behind (`lag_threshold_s`)
+or crash-loops (more than `max_restarts_per_hour` restarts); a restart that fixed a dead or hung job is a success,
+logged with its reason. The job environment's commands stream their log lines into the task log as they run;
+failed tasks are recorded by the `fraud_alerting.TaskFailed` notifier.
 """
 
 from __future__ import annotations
@@ -24,39 +27,61 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from airflow.providers.databricks.operators.databricks import DatabricksRunNowOperator
 from airflow.sdk import Param, dag, task
+from fraud_alerting import TaskFailed
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_PYTHON = os.environ.get("FRAUDRULES_JOB_PYTHON", str(REPO / ".venv" / "bin" / "python"))
 DATA_DIR = os.environ.get("FRAUDRULES_DATA_DIR", str(REPO / "data"))
 TARGET = os.environ.get("FRAUDRULES_TARGET", "local")
-ACTIVE_STATES = ("QUEUED", "PENDING", "RUNNING", "BLOCKED", "WAITING_FOR_RETRY")
+HEALERS = {  # (target, action) -> the task that carries it out
+    ("local", "start"): "heal_local",
+    ("local", "restart"): "heal_local",
+    ("databricks", "start"): "start_databricks",
+    ("databricks", "unpause"): "unpause_databricks",
+    ("databricks", "restart"): "restart_databricks",
+}
 
 default_args = {
     "owner": "fraud-platform",
     "retries": 2,
     "retry_delay": timedelta(seconds=30),
     "execution_timeout": timedelta(minutes=5),
+    "on_failure_callback": [TaskFailed()],
 }
 
 
 def _job_command(params: dict, module: str, *args: str, stdin: str | None = None, timeout: float = 120) -> dict:
     """Run `python -m <module> ...` of the job environment (from the repository: the local supervisor lives
-    in tools/); its JSON answer."""
+    in tools/); its log lines (stderr) go to the task log as they come, its last stdout line is the JSON answer."""
     import json
     import subprocess
+    import threading
 
     python = params["job_python"]
     if not os.path.isfile(python):
         raise FileNotFoundError(f"job environment python {python} not found: run `make setup`")
     env = dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
     cmd = [python, "-m", module, *args]
-    proc = subprocess.run(
-        cmd, env=env, cwd=REPO, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    print("running:", " ".join(cmd), flush=True)
+    with subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        tail: list[str] = []
+
+        def relay() -> None:
+            for line in proc.stderr:
+                print(line.rstrip(), flush=True)
+                tail[:] = [*tail[-40:], line]
+
+        relaying = threading.Thread(target=relay, daemon=True)
+        relaying.start()
+        out, _ = proc.communicate(input=stdin, timeout=timeout)
+        relaying.join(timeout=5)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(tail)[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _status(params: dict, *args: str, stdin: str | None = None) -> dict:
@@ -101,15 +126,16 @@ def _databricks_hook(params: dict):
     return DatabricksHook(databricks_conn_id=params["databricks_conn_id"])
 
 
-def _databricks_job_id(hook, params: dict) -> int:
+def _databricks_job(hook, params: dict) -> dict:
+    """The bundle's job (id and settings), by name."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    job_id = int(params.get("databricks_job_id") or 0) or hook.find_job_id_by_name(params["databricks_job_name"])
-    if not job_id:
+    jobs = hook.list_jobs(job_name=params["databricks_job_name"])
+    if not jobs:
         raise AirflowFailException(
             f"no Databricks job named {params['databricks_job_name']!r}: deploy the bundle (databricks bundle deploy)"
         )
-    return int(job_id)
+    return jobs[0]
 
 
 def _databricks_heartbeat(params: dict) -> dict | None:
@@ -141,54 +167,25 @@ def _databricks_heartbeat(params: dict) -> dict | None:
 
 
 def _databricks_status(params: dict) -> dict:
-    """The bundle job's active run and heartbeat, judged by the job environment's `fraudrules status`."""
+    """The bundle job's state and heartbeat, judged by the job environment's `fraudrules status`.
+
+    An unpaused continuous job is running as far as the API can say: Databricks keeps one run of it going (and
+    starts the next when one fails); whether that run works is the heartbeat's to tell."""
     import json
 
-    hook = _databricks_hook(params)
-    job_id = _databricks_job_id(hook, params)
-    listed = hook._do_api_call(("GET", "2.2/jobs/runs/list"), {"job_id": job_id, "active_only": "true"})
-    runs = [r for r in listed.get("runs", []) if r.get("state", {}).get("life_cycle_state") in ACTIVE_STATES]
-    run = runs[0] if runs else None
+    job = _databricks_job(_databricks_hook(params), params)
+    continuous = (job.get("settings") or {}).get("continuous")
+    paused = bool(continuous) and continuous.get("pause_status") == "PAUSED"
     beat = _databricks_heartbeat(params)
     runner = {
-        "launched": True,  # the deployed job exists; without an active run it is down
-        "alive": run is not None,
-        "started_at": run["start_time"] / 1000 if run and run.get("start_time") else None,
-        "down": f"no active run of Databricks job {job_id}",
+        "launched": True,  # the deployed job exists
+        "alive": bool(continuous) and not paused,
+        "started_at": None,
+        "down": f"Databricks job {job['job_id']} is " + ("paused" if paused else "not continuous"),
     }
     verdict = _status(params, "--facts", "-", stdin=json.dumps({"runner": runner, "heartbeat": beat}))
-    return {
-        "target": "databricks",
-        "job_id": job_id,
-        "run_id": run["run_id"] if run else None,
-        "heartbeat": beat,
-        **verdict,
-    }
-
-
-def _databricks_heal(params: dict, health: dict) -> dict:
-    """Start or restart the bundle's job without waiting for it.
-
-    The bundle defines a continuous job: Databricks itself keeps one run going while the job is unpaused, so
-    starting means unpausing it (or, if it is unpaused but idle, a manual run), and restarting means cancelling
-    the hung run, which the continuous trigger replaces. A job without a continuous trigger is run now.
-    """
-    hook = _databricks_hook(params)
-    job_id = health["job_id"]
-    settings = hook._do_api_call(("GET", "2.2/jobs/get"), {"job_id": job_id}).get("settings", {})
-    continuous = settings.get("continuous")
-    done: dict = {"action": health["action"], "job_id": job_id, "continuous": bool(continuous)}
-    if health["action"] == "restart" and health.get("run_id"):
-        hook.cancel_run(health["run_id"])  # asynchronous: returns at once
-        done["cancelled_run_id"] = health["run_id"]
-        if continuous:
-            return done  # the continuous trigger starts the next run
-    if continuous and continuous.get("pause_status") == "PAUSED":
-        hook.update_job(str(job_id), {"continuous": {**continuous, "pause_status": "UNPAUSED"}})
-        done["unpaused"] = True
-        return done
-    run_id = hook.run_now({"job_id": job_id})  # not waited for: the job is continuous
-    return {**done, "run_id": run_id, "url": hook.get_run_page_url(run_id)}
+    action = "unpause" if verdict["action"] == "start" and paused else verdict["action"]
+    return {"target": "databricks", "job_id": job["job_id"], "heartbeat": beat, **verdict, "action": action}
 
 
 # ------------------------------------------------------------------------------------------------ DAG
@@ -217,7 +214,6 @@ def _databricks_heal(params: dict, health: dict) -> dict:
         "max_restarts_per_hour": Param(3, type="integer", minimum=0),
         "databricks_conn_id": Param("databricks_default", type="string"),
         "databricks_job_name": Param("fraudrules-streaming", type="string", description="the bundle's job"),
-        "databricks_job_id": Param(0, type="integer", description="0: look the job up by name"),
         "databricks_sql_http_path": Param("", type="string", description="SQL warehouse for the heartbeat"),
         "databricks_batches_table": Param("", type="string", description="catalog.schema.batches"),
     },
@@ -234,23 +230,46 @@ def fraud_stream():
         print(f"action: {health['action']} ({health['reason']}); problems: {health['problems'] or 'none'}")
         return health
 
+    @task.branch
+    def decide(health: dict) -> str:
+        """The task that carries out the recommended action, or straight to the assessment."""
+        return HEALERS.get((health["target"], health["action"]), "assess")
+
     @task
-    def heal(health: dict, params: dict | None = None) -> dict:
-        """Start a job that is not running, restart one that stopped committing; never wait for it to end."""
-        p = params or {}
-        if health["action"] == "none":
-            return {"action": "none"}
-        if health["target"] == "databricks":
-            done = _databricks_heal(p, health)
-        else:
-            command = "start" if health["action"] == "start" else "restart"
-            args = [command, *_launch_args(p), f"--reason={health['reason']}"]
-            done = {"action": health["action"], **_supervise(p, *args)}
+    def heal_local(health: dict, params: dict | None = None) -> dict:
+        """Start a local job that is not running, restart one that stopped committing; never wait for it."""
+        command = "start" if health["action"] == "start" else "restart"
+        done = {
+            "action": health["action"],
+            **_supervise(params or {}, command, *_launch_args(params or {}), f"--reason={health['reason']}"),
+        }
         print(f"{health['action']}ed the job: {health['reason']} -> {done}")
         return done
 
     @task
-    def assess(health: dict, done: dict) -> dict:
+    def unpause_databricks(health: dict, params: dict | None = None) -> dict:
+        """A paused continuous job: unpause it; Databricks starts its run."""
+        hook = _databricks_hook(params or {})
+        continuous = (_databricks_job(hook, params or {}).get("settings") or {}).get("continuous") or {}
+        hook.update_job(str(health["job_id"]), {"continuous": {**continuous, "pause_status": "UNPAUSED"}})
+        return {"action": "unpause", "job_id": health["job_id"], "reason": health["reason"]}
+
+    @task
+    def restart_databricks(health: dict, params: dict | None = None) -> dict:
+        """A job that stopped committing: cancel its runs; the continuous trigger starts the next one."""
+        _databricks_hook(params or {}).cancel_all_runs(health["job_id"])
+        return {"action": "restart", "job_id": health["job_id"], "reason": health["reason"]}
+
+    start_databricks = DatabricksRunNowOperator(
+        task_id="start_databricks",
+        databricks_conn_id="{{ params.databricks_conn_id }}",
+        job_name="{{ params.databricks_job_name }}",
+        wait_for_termination=False,  # the job is continuous: started is enough
+        forward_dag_params=False,  # the DAG's params are this DAG's, not the job's
+    )
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def assess(health: dict) -> dict:
         """Fail (no retry) on what a restart does not fix: slow, lagging or crash-looping jobs."""
         from airflow.sdk.exceptions import AirflowFailException
 
@@ -258,14 +277,17 @@ def fraud_stream():
         bad = []
         if flags.get("crash_loop"):
             bad.append("crash loop")
-        if done["action"] == "none":  # fresh measurements of a running job
+        if health["action"] == "none":  # fresh measurements of a running job
             bad += [name for name in ("latency_high", "latency_rising", "lag_high", "lag_rising") if flags.get(name)]
         if bad:
             raise AirflowFailException(f"fraud job unhealthy ({', '.join(bad)}): {'; '.join(health['problems'])}")
-        return {"healthy": done["action"] == "none", "action": done["action"], "reason": health["reason"]}
+        return {"healthy": health["action"] == "none", "action": health["action"], "reason": health["reason"]}
 
     health = probe()
-    assess(health, heal(health))
+    healers = [heal_local(health), unpause_databricks(health), restart_databricks(health), start_databricks]
+    checked = assess(health)
+    decide(health) >> [*healers, checked]
+    healers >> checked
 
 
 DAG = fraud_stream()

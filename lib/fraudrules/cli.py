@@ -154,16 +154,11 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from fraudrules.ops import quality
     from fraudrules.session import get_spark, on_databricks
 
-    suites = tuple(s.strip() for s in args.suites.split(",") if s.strip())
-    unknown = sorted(set(suites) - set(quality.SUITES))
-    if unknown:
-        print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(quality.SUITES)}", file=sys.stderr)
-        return 2
     cfg = config_from(vars(args))
-    docs_dir = os.path.abspath(args.docs_dir or os.path.join(args.data_dir, "dq", "docs"))
+    dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
     spark = get_spark("fraudrules-quality")
     try:
-        report = quality.run(spark, cfg, docs_dir, args.expectations, suites, results=not args.no_results_table)
+        report = quality.run(spark, cfg, dq_dir, max_age_minutes=args.max_age_minutes)
     finally:
         if not on_databricks():
             spark.stop()
@@ -174,8 +169,6 @@ def cmd_quality(args: argparse.Namespace) -> int:
         print(note)
     print(report.message())
     print(f"Data Docs: {report.docs_index}")
-    if report.results_table:
-        print(f"results appended to {report.results_table}")
     return 0 if report.success else 1
 
 
@@ -259,12 +252,14 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
-    q = sub.add_parser("quality", parents=parents, help="data-quality suites (Great Expectations) over the tables")
-    q.add_argument("--docs-dir", help="Data Docs folder (default <data-dir>/dq/docs)")
-    q.add_argument("--expectations", help="folder of <table>.json suites (default: the suites in the package)")
-    q.add_argument("--suites", default="transactions,quarantine,rules,alerts,window_state,late_events")
+    q = sub.add_parser(
+        "quality",
+        parents=parents,
+        help="data quality: the Great Expectations checkpoint over the tables and the streaming state",
+    )
+    q.add_argument("--dq-dir", help="validation results and Data Docs of every run (default <data-dir>/dq)")
+    q.add_argument("--max-age-minutes", type=float, default=60.0, help="freshness: newest bronze row / alert age")
     q.add_argument("--report", help="write the report as JSON here")
-    q.add_argument("--no-results-table", action="store_true", help="do not append to the dq_results table")
     q.set_defaults(func=cmd_quality)
 
 

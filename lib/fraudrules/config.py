@@ -11,7 +11,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
-# Tables the job writes (created by `tables.ensure`), and the one the data-quality run appends to.
+# Tables the job writes (created by `tables.ensure`). Data-quality results live in GX's own results store.
 JOB_TABLES = (
     "transactions",
     "logins",
@@ -25,8 +25,7 @@ JOB_TABLES = (
     "late_events",
     "batches",
 )
-RESULTS_TABLE = "dq_results"
-TABLES = (*JOB_TABLES, RESULTS_TABLE)
+TABLES = JOB_TABLES
 
 # Streaming queries of the job, each with its own checkpoint folder of that name.
 RULES_QUERY = "rules"

@@ -11,7 +11,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules.config import JOB_TABLES, RESULTS_TABLE, JobConfig
+from fraudrules.config import JOB_TABLES, JobConfig
 
 FILTER_TYPE = "array<struct<field:string,op:string,numeric:boolean,values:array<string>>>"
 RULE_ROW = (
@@ -59,11 +59,6 @@ SCHEMAS: dict[str, str] = {
         "query string, batchId long, committedAt timestamp, inputRows long, alerts long, lateEvents long, "
         "watermarkMs long, latencyP50Ms double, latencyP99Ms double, latencyMaxMs double, retainedEvents long, "
         "chunks int, chunksFromStore int, transactions long, pythonMs double, pythonStages string"
-    ),
-    RESULTS_TABLE: (  # written by the data-quality run, one row per expectation outcome
-        "runId string, runAt timestamp, suite string, tableName string, expectation string, columns string, "
-        "success boolean, elementCount long, unexpectedCount long, unexpectedPercent double, observed string, "
-        "sample string, invariant string, dataDocs string"
     ),
 }
 

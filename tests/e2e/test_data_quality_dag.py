@@ -1,17 +1,19 @@
-"""`dag.test()` of fraud_data_quality on the tables of a real backtest: passes; on a corrupted copy it fails
-naming each broken invariant (alert below its limit, stale and orphaned state entries, duplicate id)."""
+"""`dag.test()` of fraud_data_quality (target local) on the tables and state of a real backtest: passes, and Data
+Docs keep every run, each validation page naming its table and Delta version; on a copy corrupted one way per
+suite it fails naming each broken expectation (and the failure notifier records it)."""
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from fraudrules.ops.delta_log import read_newest
-from tests.support.airflow_support import JOB_PYTHON, REPO, dag_test, last_json, needs_airflow
+from tests.support.airflow_support import JOB_PYTHON, REPO, alerts, dag_test, last_json, needs_airflow
 from tests.support.real_tables import job_env
 
 pytestmark = [
@@ -20,18 +22,15 @@ pytestmark = [
     needs_airflow,
     pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM"),
 ]
-
-
-def _quality_reports(data_dir: Path) -> list[dict]:
-    reports = sorted((data_dir / "dq" / "reports").glob("dq-*.json"), key=os.path.getmtime)
-    return [json.loads(p.read_text()) for p in reports]
+CONF = {"target": "local", "max_age_minutes": 24 * 60}  # the backtest ran in this session: fresh
+SUITES = {"transactions", "logins", "quarantine", "rules", "alerts", "late_events", "window_state", "login_state"}
 
 
 def test_quarantine_suite_knows_every_reason(backtest_data):
     """The suite's transaction reasons are exactly what ingest.parse() produces (the backtest hit every one)."""
     quarantine = read_newest(backtest_data / "tables" / "quarantine", ["kind", "reason"], max_files=1000)
     assert set(quarantine["kind"]) == {"transaction"}
-    suite = json.loads((REPO / "expectations" / "quarantine.json").read_text())
+    suite = json.loads((REPO / "expectations" / "suites" / "quarantine.json").read_text())
     (pairs,) = [
         e["kwargs"]["value_pairs_set"]
         for e in suite["expectations"]
@@ -40,52 +39,94 @@ def test_quarantine_suite_knows_every_reason(backtest_data):
     assert set(quarantine["reason"]) == {reason for kind, reason in pairs if kind == "transaction"}
 
 
-def test_quality_dag_passes_on_real_tables(backtest_data):
-    out, log = dag_test("fraud_data_quality", {"data_dir": str(backtest_data)})
+def _page_text(path: Path) -> str:
+    html = re.sub(r"<(script|style).*?</\1>", " ", path.read_text(), flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
+    out, log = dag_test("fraud_data_quality", {**CONF, "data_dir": str(backtest_data)})
     assert out["state"] == "success", log[-6000:]
-    result = out["xcom"]["validate.return_value"]
-    assert result["success"] is True
-    assert result["rows"]["alerts"] > 0 and result["rows"]["window_state"] > 0
+    assert out["tasks"] == {
+        "route": "success",
+        "locate": "success",
+        "validate": "success",
+        "verdict": "success",
+        "run_on_databricks": "skipped",
+    }
+    result = out["xcom"]["verdict.return_value"]
+    assert set(result["rows"]) == SUITES
+    assert result["rows"]["alerts"] > 0 and result["rows"]["window_state"] > 0 and result["rows"]["logins"] == 603
     assert result["rows"]["quarantine"] == 17
-    assert Path(result["docs_index"]).is_file()
-    assert Path(result["docs_index"]).parent == backtest_data / "dq" / "docs"
-    report = _quality_reports(backtest_data)[-1]
-    assert report["success"] and not report["failed"]
-    assert any("window_state: state of evaluate batch" in note for note in report["notes"])
-    assert (backtest_data / "tables" / "dq_results" / "_delta_log").is_dir()
-    results = read_newest(backtest_data / "tables" / "dq_results", ["runId", "success"], max_files=100)
-    assert len(results) == len(report["outcomes"]) and results["success"].all()
+    tables = backtest_data / "tables"
+    assert re.fullmatch(rf"{tables}/alerts @ Delta version \d+", result["read"]["alerts"])
+    assert re.fullmatch(rf"{backtest_data}/checkpoints/detect_logins @ batch \d+ .*", result["read"]["login_state"])
+    assert "window_state: " in log and "@ batch" in log  # the job environment's lines, in the task log
+    docs = backtest_data / "dq" / "docs"
+    assert result["docs_index"] == str(docs / "index.html")
+
+    again = subprocess.run(  # a second run, from the command line, on the same data
+        [
+            str(JOB_PYTHON),
+            "-m",
+            "fraudrules.cli",
+            "quality",
+            "--data-dir",
+            str(backtest_data),
+            "--max-age-minutes",
+            str(CONF["max_age_minutes"]),
+        ],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    for suite in SUITES:  # one validation page per run, named by what it read
+        pages = sorted((docs / "validations" / suite).glob("*/*/*.html"))
+        assert len(pages) == 2, (suite, pages)
+    (page, _) = sorted((docs / "validations" / "alerts").glob("*/*/*.html"))
+    version = re.search(r"delta_version_(\d+)\.html$", page.name).group(1)
+    text = _page_text(page)
+    assert "Data asset: alerts" in text and f"delta_version {version}" in text and f"{tables}/alerts" in text
+    assert len(list((backtest_data / "dq" / "validations" / "alerts").rglob("*.json"))) == 2  # GX's results store
 
 
-def test_quality_dag_fails_naming_each_broken_invariant(backtest_data, tmp_path):
+def test_quality_dag_fails_naming_each_broken_expectation(backtest_data, tmp_path):
     corrupted = tmp_path / "corrupted"
-    done = last_json(
+    last_json(
         [str(JOB_PYTHON), "-m", "tests.support.dq_corrupt", str(backtest_data), str(corrupted)],
         cwd=str(REPO),
         env=job_env(),
     )
-
-    out, log = dag_test("fraud_data_quality", {"data_dir": str(corrupted)})
+    before = len(alerts())
+    out, log = dag_test("fraud_data_quality", {**CONF, "data_dir": str(corrupted)})
     assert out["state"] == "failed"
-    assert out["tasks"] == {"locate": "success", "validate": "failed"}  # failed, not up_for_retry
-    expected = {
-        "alerts: expect_column_values_to_be_in_set(satisfies_rule)",
+    assert out["tasks"]["validate"] == "success" and out["tasks"]["verdict"] == "failed"  # failed, not up_for_retry
+    expected = {  # every suite, each for the invariant its corruption breaks (tests/support/dq_corrupt.py)
         "transactions: expect_column_values_to_be_unique(transactionId)",
-        "window_state: expect_column_values_to_be_in_set(within_retention)",
-        "window_state: expect_column_values_to_be_in_set(rule_active)",
+        "logins: expect_compound_columns_to_be_unique(srcName, srcPos)",
+        "logins: expect_compound_columns_to_be_unique(userId, eventType, ipAddress, eventTimestamp)",
+        "logins: expect_column_values_to_match_regex(ipAddress)",
+        "quarantine: expect_column_values_to_be_in_set(reason)",
+        "quarantine: expect_column_pair_values_to_be_in_set(kind, reason)",
+        "rules: unexpected_rows_expectation(newest_version)",
+        "alerts: unexpected_rows_expectation(satisfies_rule)",
+        "late_events: expect_column_pair_values_a_to_be_greater_than_b(watermarkMs, eventTimeMs)",
+        "window_state: unexpected_rows_expectation(within_retention)",
+        "window_state: unexpected_rows_expectation(rule_active)",
+        "login_state: unexpected_rows_expectation(rule_active)",
     }
-    report = _quality_reports(corrupted)[-1]
+    report = json.loads(Path(out["xcom"]["validate.return_value"]["report"]).read_text())
     assert set(report["failed"]) == expected
-    assert report["failed_tables"] == ["alerts", "transactions", "window_state"]
-    assert "data quality FAILED on alerts, transactions, window_state" in log
+    assert set(report["failed_tables"]) == SUITES
     for label in expected:  # the task's failure names each one
         assert label in log, f"{label} not in the DAG's output"
     failures = {o["label"]: o for o in report["outcomes"] if not o["success"]}
-    assert failures["alerts: expect_column_values_to_be_in_set(satisfies_rule)"]["unexpected_count"] == 1
+    assert failures["alerts: unexpected_rows_expectation(satisfies_rule)"]["unexpected_count"] == 1
     assert failures["transactions: expect_column_values_to_be_unique(transactionId)"]["unexpected_count"] == 2
-    assert (
-        str(done["transactionId"])
-        in failures["transactions: expect_column_values_to_be_unique(transactionId)"]["sample"]
-    )
-    assert failures["window_state: expect_column_values_to_be_in_set(within_retention)"]["unexpected_count"] > 0
-    assert failures["window_state: expect_column_values_to_be_in_set(rule_active)"]["unexpected_count"] > 0
+    assert failures["login_state: unexpected_rows_expectation(rule_active)"]["unexpected_count"] > 0
+    recorded = alerts()[before:]
+    assert [(a["dag_id"], a["task_id"]) for a in recorded] == [("fraud_data_quality", "verdict")]
+    assert "data quality FAILED" in recorded[0]["error"]

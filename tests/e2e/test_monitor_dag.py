@@ -94,12 +94,20 @@ def test_stream_dag_restarts_a_killed_job(job_dir):
     started = time.time()
     out, log = dag_test("fraud_stream", conf)
     assert out["state"] == "success", log[-6000:]
-    assert out["tasks"] == {"probe": "success", "heal": "success", "assess": "success"}
+    assert out["tasks"] == {
+        "probe": "success",
+        "decide": "success",
+        "heal_local": "success",
+        "assess": "success",
+        "unpause_databricks": "skipped",
+        "restart_databricks": "skipped",
+        "start_databricks": "skipped",
+    }
     probed = out["xcom"]["probe.return_value"]
     assert probed["flags"]["dead"] and probed["flags"]["stale_heartbeat"] and not probed["flags"]["running"]
     assert probed["action"] == "start" and probed["reason"] == f"process {first['pid']} is not running"
     assert any(p.startswith("stale heartbeat") for p in probed["problems"]), probed["problems"]
-    done = out["xcom"]["heal.return_value"]
+    done = out["xcom"]["heal_local.return_value"]
     assert done["action"] == "start" and done["started"]
     assert done["pid"] != first["pid"] and health.alive(done["pid"])
     assert health.process(str(job_dir))["pid"] == done["pid"]
@@ -109,6 +117,7 @@ def test_stream_dag_restarts_a_killed_job(job_dir):
         "reason": probed["reason"],
     }
     assert time.time() - started < 180, "the DAG waited for the continuous job"
+    assert "running: " in log and "tools.supervisor start" in log  # the job environment's command, streamed
     restarts = [json.loads(line) for line in (health.run_dir(str(job_dir)) / health.RESTARTS_FILE).open()]
     assert [r["reason"] for r in restarts] == ["start", probed["reason"]]
 

@@ -1,5 +1,6 @@
 """The wheel a cluster installs: built from the repository, installed into a clean venv outside it, and run
-from there: `fraudrules --help`, and the data-quality run finding its suites inside the installed package.
+from there: `fraudrules --help`, and the data-quality run opening the GX project inside the installed package (and
+failing, naming it, on a data dir whose streaming state is missing).
 
 The clean venv gets fraudrules from the wheel only; its dependencies (Spark, Great Expectations, ...) are
 borrowed from the project's environment by a path entry, so that nothing is downloaded here. That entry does
@@ -22,7 +23,7 @@ import pytest
 from tests.support.real_tables import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM")]
-SUITES = {"alerts", "late_events", "quarantine", "rules", "transactions", "window_state"}
+SUITES = {"alerts", "late_events", "quarantine", "rules", "transactions", "logins", "window_state", "login_state"}
 
 
 def _run(cmd: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -58,7 +59,10 @@ def venv(wheel, tmp_path_factory) -> Path:
 def test_the_wheel_holds_the_engine_and_the_suites_and_no_tooling(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"fraudrules", f"{wheel.name.split('-py3')[0]}.dist-info"}
-    assert {Path(n).stem for n in names if n.startswith("fraudrules/expectations/") and n.endswith(".json")} == SUITES
+    project = [n.removeprefix("fraudrules/expectations/") for n in names if n.startswith("fraudrules/expectations/")]
+    assert {Path(n).stem for n in project if n.startswith("suites/")} == SUITES
+    assert {Path(n).stem for n in project if n.startswith("validation_definitions/")} == SUITES
+    assert {"great_expectations.yml", "checkpoints/fraudrules.json"} <= set(project)
     assert "fraudrules/sample_rules.json" in names
     packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
     in_repo = {str(p.parent.relative_to(REPO / "lib")) for p in (REPO / "lib" / "fraudrules").rglob("__init__.py")}
@@ -69,11 +73,11 @@ def test_the_wheel_holds_the_engine_and_the_suites_and_no_tooling(wheel):
 
 def test_installed_cli_and_quality_run_outside_the_repository(venv, backtest_data, tmp_path):
     where = _run(
-        [venv / "bin" / "python", "-c", "import fraudrules.ops.suites as s; print(s.__file__, s.shipped_suites())"],
+        [venv / "bin" / "python", "-c", "import fraudrules.ops.quality as q; print(q.__file__, q.project_dir())"],
         cwd=tmp_path,
     ).stdout.split()
-    assert all(Path(p).is_relative_to(venv) for p in where), where  # the package and its suites: from the wheel
-    assert {p.stem for p in Path(where[1]).glob("*.json")} == SUITES
+    assert all(Path(p).is_relative_to(venv) for p in where), where  # the package and its GX project: from the wheel
+    assert {p.stem for p in (Path(where[1]) / "suites").glob("*.json")} == SUITES
 
     helped = _run([venv / "bin" / "fraudrules", "--help"], cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
@@ -81,10 +85,14 @@ def test_installed_cli_and_quality_run_outside_the_repository(venv, backtest_dat
         assert command in helped.stdout
     assert not any(tool in helped.stdout for tool in ("bench", "crash-demo", "demo-rules"))
 
+    # The tables of a real run without its checkpoints: the state cannot be found, so the check fails saying so.
+    data = tmp_path / "data"
+    shutil.copytree(backtest_data / "tables", data / "tables")
     report = tmp_path / "report.json"
-    quality = [venv / "bin" / "fraudrules", "quality", "--data-dir", backtest_data, "--docs-dir", tmp_path / "docs"]
-    proc = _run([*quality, "--report", report, "--no-results-table"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "data quality passed" in proc.stdout
+    proc = _run([venv / "bin" / "fraudrules", "quality", "--data-dir", data, "--report", report], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "data quality FAILED on login_state, window_state" in proc.stdout
+    assert f"the evaluate query has no committed batch under {data}/checkpoints/evaluate" in proc.stdout
     result = json.loads(report.read_text())
-    assert result["success"] and set(result["rows"]) == SUITES and result["rows"]["window_state"] > 0
+    assert result["failed"] == ["window_state: input_found()", "login_state: input_found()"]
+    assert result["rows"] == {}  # nothing validated: a run never passes on what it could not read

@@ -56,6 +56,11 @@ def _env(home: str) -> dict:
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
         AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
         FRAUDRULES_JOB_PYTHON=str(JOB_PYTHON),
+        FRAUDRULES_ALERT_LOG=os.path.join(home, "alerts.jsonl"),
+        # a workspace that only the faked HTTP layer answers (tests/support/airflow_runner.py test-databricks)
+        AIRFLOW_CONN_DATABRICKS_DEFAULT=json.dumps(
+            {"conn_type": "databricks", "host": "https://workspace.example", "password": "token"}
+        ),
         PYSPARK_PYTHON=str(JOB_PYTHON),
         PYSPARK_DRIVER_PYTHON=str(JOB_PYTHON),
     )
@@ -89,3 +94,14 @@ def last_json(cmd: list[str], timeout: float = 600, **kwargs) -> dict:
 
 def dag_test(dag_id: str, conf: dict, timeout: float = 600) -> tuple[dict, str]:
     return run_airflow("test", dag_id, json.dumps(conf), timeout=timeout)
+
+
+def dag_test_databricks(dag_id: str, conf: dict, workspace: dict, timeout: float = 300) -> tuple[dict, str]:
+    """`dag_test` against a faked Databricks workspace (see airflow_runner.FakeWorkspace); adds its `calls`."""
+    return run_airflow("test-databricks", dag_id, json.dumps(conf), json.dumps(workspace), timeout=timeout)
+
+
+def alerts() -> list[dict]:
+    """What the DAGs' failure notifier recorded in this session."""
+    path = Path(airflow_home()) / "alerts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

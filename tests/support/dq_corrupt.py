@@ -1,12 +1,17 @@
-"""Copy a data dir produced by a real run and corrupt the copy (run with the job environment's python):
+"""Copy a data dir produced by a real run and corrupt the copy, one way per suite (run with the job environment's
+python):
 
     python -m tests.support.dq_corrupt SRC_DATA_DIR DST_DATA_DIR
 
 - alerts: one alert's aggregate moved to the wrong side of its limit;
 - transactions: one bronze row appended again (duplicate transactionId);
-- rules: rule 3's window shrunk from 60 to 1 minute behind the engine's back (no rule_history entry), so
-  the state it retains for that rule is older than its window plus lateness: stale state entries;
-- rules: rule 2 paused behind the engine's back, so its retained state belongs to no active rule.
+- logins: one row appended again (the same record twice) and one with an IP address that is none;
+- quarantine: one reason no parser gives;
+- late_events: a "late" event that is not behind its watermark;
+- rules (behind the engine's back, no rule_history entry): rule 3's window shrunk from 60 to 1 minute, so the
+  state it retains is older than its window plus lateness (window_state); rule 2 paused, so its retained state
+  belongs to no active rule (window_state); login rule 100 paused, so its open sequences belong to no active
+  detector rule (login_state); and the rules table no longer is rule_history's newest version (rules).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import json
 import shutil
 import sys
 
-STALE_RULE, PAUSED_RULE = 3, 2
+STALE_RULE, PAUSED_RULE, LOGIN_RULE = 3, 2, 100
 
 
 def corrupt(src: str, dst: str) -> dict:
@@ -29,6 +34,18 @@ def corrupt(src: str, dst: str) -> dict:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("run", "dq"))
     cfg = JobConfig(data_dir=dst)
     spark = get_spark("dq-corrupt")
+
+    def rewrite_rule(rule_id: int, **changes) -> None:
+        rule = tables.read(spark, cfg, "rules").where(f"ruleId = {rule_id}").first()
+        text = json.dumps(json.loads(rule.ruleJson) | changes)
+        columns = {"windowMinutes": F.lit(changes["windowMinutes"])} if "windowMinutes" in changes else {}
+        if "windowMinutes" in changes:
+            columns["windowMs"] = F.lit(changes["windowMinutes"] * 60_000).cast("long")
+        if "ruleState" in changes:
+            columns["ruleState"] = F.lit(changes["ruleState"])
+        rules = DeltaTable.forPath(spark, cfg.table("rules"))
+        rules.update(condition=F.col("ruleId") == rule_id, set={**columns, "ruleJson": F.lit(text)})
+
     try:
         alert = (
             tables.read(spark, cfg, "alerts")
@@ -44,24 +61,24 @@ def corrupt(src: str, dst: str) -> dict:
         tx_id = duplicate.first().transactionId
         tables.append(duplicate, cfg, "transactions")
 
-        rules = DeltaTable.forPath(spark, cfg.table("rules"))
-        rule = tables.read(spark, cfg, "rules").where(f"ruleId = {STALE_RULE}").first()
-        shrunk = json.loads(rule.ruleJson) | {"windowMinutes": 1}
-        rules.update(
-            condition=F.col("ruleId") == STALE_RULE,
-            set={
-                "windowMinutes": F.lit(1),
-                "windowMs": F.lit(60_000).cast("long"),
-                "ruleJson": F.lit(json.dumps(shrunk)),
-            },
+        login = tables.read(spark, cfg, "logins").orderBy("srcPos").limit(1)
+        bad_ip = login.withColumn("ipAddress", F.lit("999.1.2.3")).withColumn("srcPos", F.lit(10**9).cast("long"))
+        tables.append(login.unionByName(bad_ip), cfg, "logins")
+
+        DeltaTable.forPath(spark, cfg.table("quarantine")).update(
+            condition=F.col("reason") == "missing payeeId", set={"reason": F.lit("payee went fishing")}
         )
-        rule = tables.read(spark, cfg, "rules").where(f"ruleId = {PAUSED_RULE}").first()
-        paused = json.loads(rule.ruleJson) | {"ruleState": "PAUSE"}
-        rules.update(
-            condition=F.col("ruleId") == PAUSED_RULE,
-            set={"ruleState": F.lit("PAUSE"), "ruleJson": F.lit(json.dumps(paused))},
-        )
-        return {"alertId": alert.alertId, "transactionId": tx_id, "stale_rule": STALE_RULE, "paused_rule": PAUSED_RULE}
+        late = spark.createDataFrame(
+            [("transaction", tx_id, None, 1, 1, "{}", 2_000, 1_000, "eventTime behind the watermark on arrival", 0)],
+            "kind string, transactionId long, userId long, ruleId int, ruleVersion long, key string, "
+            "eventTimeMs long, watermarkMs long, reason string, batchId long",
+        ).withColumn("detectedAt", F.current_timestamp())
+        tables.append(late, cfg, "late_events")
+
+        rewrite_rule(STALE_RULE, windowMinutes=1)
+        rewrite_rule(PAUSED_RULE, ruleState="PAUSE")
+        rewrite_rule(LOGIN_RULE, ruleState="PAUSE")
+        return {"alertId": alert.alertId, "transactionId": tx_id, "rules": [STALE_RULE, PAUSED_RULE, LOGIN_RULE]}
     finally:
         spark.stop()
 

@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from fraudrules.generator import Workload, write_jsonl
+from fraudrules.generator import LoginWorkload, Workload, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_PYTHON = Path(sys.executable)
 
 RULES = REPO / "tests" / "fixtures" / "rules.json"
+LOGIN_RULE = {"ruleId": 100, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY", "windowMinutes": 10}
 FIELDS = ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType")
 
 
@@ -52,17 +53,21 @@ def real_backtest(root: Path) -> Path:
 
     3,000 transactions over ~20 minutes of event time (so the 1- and 5-minute windows retire events and the
     watermark matters) in one micro-batch, then a second one of records that each hit one quarantine reason,
-    which runs with the watermark the first one set."""
-    landing = root / "landing"
+    which runs with the watermark the first one set; 600 login events over the same 20 minutes (attacks every
+    100 events, failures left open at the end) for the login detector (rule 100, next to the fixture's rules)."""
+    landing, logins = root / "landing", root / "logins"
     write_jsonl(str(landing), Workload(count=3000, events_per_second=2.5).transactions(), per_file=3000)
+    write_jsonl(str(logins), LoginWorkload(count=600, events_per_second=0.5, attack_every=100).events(), per_file=600)
     bad = landing / "zz-bad.json"
     bad.write_text("\n".join(bad_records()) + "\n")
     later = time.time() + 2
     os.utime(bad, (later, later))  # taken last: its batch runs with the watermark of all the others
-    cmd = [str(JOB_PYTHON), "-m", "fraudrules.cli", "backtest", "--transactions", str(landing)]
-    cmd += ["--rules", str(RULES), "--out", str(root / "alerts.jsonl"), "--data-dir", str(root / "data")]
+    rules = root / "rules.json"
+    rules.write_text(json.dumps([*json.loads(RULES.read_text()), LOGIN_RULE]))
+    cmd = [str(JOB_PYTHON), "-m", "fraudrules.cli", "backtest", "--transactions", str(landing), "--logins", str(logins)]
+    cmd += ["--rules", str(rules), "--out", str(root / "alerts.jsonl"), "--data-dir", str(root / "data")]
     cmd += ["--max-files-per-trigger", "1"]
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert re.search(r"transactions: 3000 valid\b.*\b17 quarantined", proc.stdout), proc.stdout
+    assert re.search(r"transactions: 3000 valid, logins: 603 valid, 17 quarantined", proc.stdout), proc.stdout
     return root / "data"

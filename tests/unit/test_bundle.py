@@ -143,8 +143,9 @@ def problems(bundle: dict[str, Any]) -> list[str]:
         out += [f"job {key}: {p}" for p in job_problems(job, wheels, bundle.get("variables") or {})]
     if not any(job.get("continuous") for job in jobs.values()):
         out.append("no continuous job")
-    if not any(job.get("schedule") or job.get("trigger") for job in jobs.values()):
-        out.append("no scheduled job")
+    for key, job in jobs.items():
+        if not job.get("continuous") and (job.get("schedule") or job.get("trigger")):
+            out.append(f"job {key} is scheduled by the bundle: Airflow (dags/) schedules and triggers it")
     return out
 
 
@@ -289,13 +290,16 @@ def test_expected_resources(bundle):
     ]:
         assert options[option] == f"${{var.{var}}}", option
     quality = jobs["fraudrules_data_quality"]
-    assert quality["schedule"]["pause_status"] == "UNPAUSED"
+    assert "schedule" not in quality and "trigger" not in quality  # one schedule: the fraud_data_quality DAG's
+    dag = (ROOT / "dags" / "fraud_data_quality.py").read_text()
+    assert f'Param("{quality["name"]}"' in dag, "the DAG triggers the job by its bundle name"
     (task,) = quality["tasks"]
     assert task["python_wheel_task"]["package_name"] == "fraudrules"
     assert task["python_wheel_task"]["parameters"][0] == "quality"
     quality_options = _options(task)
-    for option in ("--catalog", "--schema", "--data-dir", "--checkpoint-root", "--shards"):
+    for option in ("--catalog", "--schema", "--data-dir", "--checkpoint-root", "--shards", "--shuffle-partitions"):
         assert quality_options[option] == options[option], option  # the tables and state the job writes
+    assert quality_options["--dq-dir"] == "${var.dq_dir}"  # results and Data Docs history outlive the job's runs
     assert set(bundle["variables"]) >= {"catalog", "schema", "checkpoint_root", "kafka_bootstrap", "kafka_secret_scope"}
     hosts = {name: t["workspace"]["host"] for name, t in bundle["targets"].items()}
     assert set(hosts) == {"dev", "prod"} and len(set(hosts.values())) == 2
@@ -343,6 +347,11 @@ def _notebook_task(b: dict[str, Any]) -> dict[str, Any]:
                 "fraudrules_streaming"
             ].update(name="${var.nope}"),
             "${var.nope} is not a declared variable",
+        ),
+        (
+            "a second schedule for the data-quality check",
+            lambda b: b["_jobs"]["fraudrules_data_quality"].update(schedule={"quartz_cron_expression": "0 0 * * * ?"}),
+            "job fraudrules_data_quality is scheduled by the bundle",
         ),
         (
             "wheel without pyproject",

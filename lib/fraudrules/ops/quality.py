@@ -1,31 +1,32 @@
-"""Data quality of the project's tables: read them, derive the invariants, validate the suites, publish.
+"""Data quality of the project's tables and streaming state: the committed Great Expectations project, run.
 
-One suite per checked table (`SUITES`); the derived columns are `invariants.py`, the Great Expectations
-side `suites.py`. Local Delta tables are read from their transaction log and parquet files (no Spark job);
-the window state needs Spark's state data source, and Unity Catalog tables are read with Spark.
+The project is the repository's top-level `expectations/` (shipped in the wheel as `fraudrules.expectations`):
+data sources and assets (`gx_sources`: the job's Delta tables and state, read with Spark), suites, validation
+definitions and the one checkpoint `fraudrules`, whose action builds Data Docs. A run opens it with two config
+variables - the job to read (`fraudrules_job`) and the folder where GX's validation-results store and Data Docs
+keep every run (`fraudrules_dq_dir`) - pins what it reads (each table's Delta version, each state's committed
+batch), and runs the checkpoint.
 
-A suite whose table, or whose state (the evaluate query's checkpoint), cannot be found fails with that
-reason: a run never passes on nothing. Results go to Data Docs (HTML) and to the `dq_results` Delta table
-(one row per expectation); `fraudrules quality` exits 1 naming every failed expectation and table.
+A run that cannot find what it is asked to check (a table, a query's state) fails with that reason before
+validating anything: it never passes on nothing. `fraudrules quality` exits 1 naming every failed expectation.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
 
-import pandas as pd
+from fraudrules.config import JobConfig
+from fraudrules.ops.report import QualityReport, missing, outcomes
 
-from fraudrules import tables
-from fraudrules.config import EVALUATE_QUERY, RESULTS_TABLE, JobConfig
-from fraudrules.ops import invariants, state_reader
-from fraudrules.ops.delta_log import read_delta
-from fraudrules.ops.suites import Outcome, QualityReport, validate
-
-SUITES = ("transactions", "quarantine", "rules", "alerts", "window_state", "late_events")
-MISSING_INVARIANT = "a suite that cannot find what it checks fails, it never passes on nothing"
+CHECKPOINT = "fraudrules"
+SITE = "fraudrules"
+CLOCK_SKEW_MS = 5 * 60_000  # timestamps may be this far ahead of the checking machine's clock
+JOB_FIELDS = ("data_dir", "catalog", "schema", "checkpoint_root", "shards", "shuffle_partitions", "lateness_ms")
 
 
 class QualityError(RuntimeError):
@@ -34,151 +35,109 @@ class QualityError(RuntimeError):
         super().__init__(report.message())
 
 
-class MissingInput(LookupError):
-    """A table, or the state, that a suite was asked to check does not exist."""
+def project_dir() -> Path:
+    """The GX project shipped with the package (the repository's expectations/)."""
+    return Path(str(resources.files("fraudrules.expectations")))
 
 
-# ------------------------------------------------------------------------------------------ reading
+def context(cfg: JobConfig, dq_dir: str):
+    """The committed GX project, reading `cfg`'s tables and state, keeping results and Data Docs in `dq_dir`."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+
+    import fraudrules.ops.gx_sources  # noqa: F401 - registers the project's data source types with GX
+
+    job = {f: getattr(cfg, f) for f in JOB_FIELDS}
+    job["data_dir"] = os.path.abspath(cfg.data_dir)
+    env = {"fraudrules_job": json.dumps(job), "fraudrules_dq_dir": os.path.abspath(dq_dir)}
+    return gx.get_context(mode="file", context_root_dir=str(project_dir()), runtime_environment=env)
 
 
-def read_table(spark, cfg: JobConfig, name: str, columns: list[str] | None = None) -> pd.DataFrame:
-    """A project table as pandas: local Delta tables straight from their log and parquet files (no Spark
-    job), falling back to Spark for what that reader refuses (deletion vectors, V2 checkpoints) and for
-    Unity Catalog tables. Raises MissingInput when the table does not exist."""
-    if not cfg.uses_catalog:
-        try:
-            return read_delta(cfg.table(name), columns)
-        except FileNotFoundError:
-            raise MissingInput(f"no table {name} at {cfg.table(name)}") from None
-        except NotImplementedError:
-            pass
-    elif not tables.exists(spark, cfg, name):
-        raise MissingInput(f"no table {cfg.table(name)}")
-    spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
-    df = tables.read(spark, cfg, name)
-    return (df.select(*columns) if columns else df).toPandas()
+def checkpoint(ctx):
+    return ctx.checkpoints.get(CHECKPOINT)
 
 
-def read_state(spark, cfg: JobConfig) -> tuple[pd.DataFrame, dict, state_reader.CommittedBatch]:
-    """Retained events the engine can still use (with their rule signature) and the engine's ACTIVE rules per
-    shard, as of the newest committed evaluate batch; raises MissingInput when there is none."""
-    batch = state_reader.last_committed(cfg, EVALUATE_QUERY)
-    if batch is None:
-        raise MissingInput(f"the {EVALUATE_QUERY} query has no committed batch under {cfg.checkpoint(EVALUATE_QUERY)}")
-    entries = state_reader.entries(spark, cfg, batch.batch_id)
-    return entries, state_reader.engine_rules(spark, cfg, batch.batch_id), batch
+def missing_inputs(cp) -> dict[str, str]:
+    """Per suite of the checkpoint, why its asset cannot be read (nothing for those that can)."""
+    out = {}
+    for vd in cp.validation_definitions:
+        reason = vd.data.data_asset.missing()
+        if reason:
+            out[vd.suite.name] = reason
+    return out
 
 
-def read_frames(
-    spark, cfg: JobConfig, suites: tuple[str, ...] = SUITES
-) -> tuple[dict[str, pd.DataFrame], dict[str, str], list[str]]:
-    """The checked tables as pandas frames with their derived columns; the suites whose input is missing, with
-    the reason; notes on what was read."""
-    started = time.time()
-    notes: list[str] = []
-    cache: dict[str, pd.DataFrame] = {}
-
-    def table(name: str) -> pd.DataFrame:
-        if name not in cache:
-            cache[name] = read_table(spark, cfg, name)
-        return cache[name]
-
-    def window_state() -> pd.DataFrame:
-        entries, meta, batch = read_state(spark, cfg)
-        notes.append(
-            f"window_state: state of {EVALUATE_QUERY} batch {batch.batch_id} (watermark {batch.watermark_ms} ms), "
-            f"{len(entries)} retained events"
-        )
-        rules, history = table("rules"), table("rule_history")
-        return invariants.derive_window_state(
-            entries, meta, rules, history, batch.watermark_ms, batch.timestamp_ms, cfg.lateness_ms
-        )
-
-    readers: dict[str, Callable[[], pd.DataFrame]] = {
-        "transactions": lambda: invariants.derive_transactions(_transactions(spark, cfg)),
-        "quarantine": lambda: invariants.derive_quarantine(table("quarantine")),
-        "rules": lambda: invariants.derive_rules(table("rules"), table("rule_history")),
-        "alerts": lambda: invariants.derive_alerts(table("alerts"), table("rule_history")),
-        "window_state": window_state,
-        "late_events": lambda: invariants.derive_late_events(table("late_events")),
+def parameters(cfg: JobConfig, max_age_minutes: float, now_ms: int | None = None) -> dict:
+    """The expectation parameters of a run: now (with clock skew), the freshness bound (epoch ms and timestamp),
+    the shard range."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    since_ms = now_ms - int(max_age_minutes * 60_000)
+    return {
+        "now_ms": now_ms + CLOCK_SKEW_MS,
+        "fresh_since_ms": since_ms,
+        # timestamps (naive UTC, as Spark returns them here): GX parses this to the observed value's type
+        "fresh_since": datetime.fromtimestamp(since_ms / 1000, timezone.utc).replace(tzinfo=None).isoformat(),
+        "max_shard": cfg.shards - 1,
     }
-    frames: dict[str, pd.DataFrame] = {}
-    missing: dict[str, str] = {}
-    for suite in suites:
-        try:
-            frames[suite] = readers[suite]()
-        except MissingInput as err:
-            missing[suite] = str(err)
-    notes.append(f"read and derived {len(frames)} tables in {time.time() - started:.1f} s")
-    return frames, missing, notes
-
-
-def _transactions(spark, cfg: JobConfig) -> pd.DataFrame:
-    cols = "transactionId eventTime payeeId beneficiaryId paymentAmount paymentType ingestionTimestamp srcName"
-    tx = read_table(spark, cfg, "transactions", [*cols.split(), "ingestedAt"])
-    tx["paymentAmount"] = tx["paymentAmount"].astype("float64")  # range checks only; exact text not needed
-    return tx
-
-
-def missing_outcome(suite: str, reason: str) -> Outcome:
-    return Outcome(suite, "input_found", "", False, observed=reason, invariant=MISSING_INVARIANT)
-
-
-# ------------------------------------------------------------------------------------------ results table
-
-
-def write_results(spark, cfg: JobConfig, report: QualityReport) -> str:
-    """Append one row per expectation outcome to the `dq_results` Delta table; returns its location."""
-    now = datetime.now(timezone.utc)
-    rows = [
-        (
-            report.run_id,
-            now,
-            o.table,
-            o.table,
-            o.expectation,
-            o.columns,
-            o.success,
-            o.element_count,
-            o.unexpected_count,
-            None if o.unexpected_percent is None else float(o.unexpected_percent),
-            o.observed,
-            o.sample,
-            o.invariant,
-            report.docs_index,
-        )
-        for o in report.outcomes
-    ]
-    tables.ensure(spark, cfg, RESULTS_TABLE)
-    tables.append(spark.createDataFrame(rows, tables.SCHEMAS[RESULTS_TABLE]), cfg, RESULTS_TABLE)
-    return cfg.table(RESULTS_TABLE)
-
-
-# ------------------------------------------------------------------------------------------ entry points
 
 
 def run(
-    spark,
-    cfg: JobConfig,
-    docs_dir: str | None,
-    expectations_dir: str | Path | None = None,
-    suites: tuple[str, ...] = SUITES,
-    results: bool = True,
+    spark, cfg: JobConfig, dq_dir: str, max_age_minutes: float = 60.0, run_name: str | None = None
 ) -> QualityReport:
-    """Read, derive, validate, publish. Returns the report (check `.success`); see `check` for raising."""
-    frames, missing, notes = read_frames(spark, cfg, suites)
-    report = validate(frames, expectations_dir, docs_dir, {"max_shard": cfg.shards - 1})
-    report.outcomes += [missing_outcome(suite, reason) for suite, reason in missing.items()]
-    report.success = report.success and not missing
-    report.notes += notes
-    if results:
-        report.results_table = write_results(spark, cfg, report)
+    """Pin, validate, publish. Returns the report (check `.success`); see `check` for raising."""
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    from fraudrules.ops import gx_sources
+
+    started = time.time()
+    ctx = context(cfg, dq_dir)
+    cp = checkpoint(ctx)
+    run_name = run_name or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    absent = missing_inputs(cp)
+    if absent:
+        return _saved(QualityReport(run_name, False, [missing(t, r) for t, r in absent.items()], {}), dq_dir)
+    snapshot = gx_sources.pin(spark, cfg)
+    result = cp.run(
+        batch_parameters={gx_sources.SNAPSHOT: snapshot},
+        expectation_parameters=parameters(cfg, max_age_minutes),
+        run_id=RunIdentifier(run_name=run_name),
+    )
+    report = QualityReport(run_name, bool(result.success), [], {})
+    for validation in result.run_results.values():
+        table = validation.suite_name
+        report.outcomes += outcomes(table, validation)
+        spec = validation.meta.get("batch_spec") or {}
+        report.read[table] = gx_sources.describe(spec)
+        report.rows[table] = _rows(validation)
+    index = Path(dq_dir) / "docs" / "index.html"
+    report.docs_index = str(index) if index.exists() else None
+    report.notes += [f"{t}: {what}" for t, what in report.read.items()]
+    report.notes.append(
+        f"validated {len(report.read)} suites in {time.time() - started:.1f} s (checkpoint {CHECKPOINT})"
+    )
+    return _saved(report, dq_dir)
+
+
+def _saved(report: QualityReport, dq_dir: str) -> QualityReport:
+    """The report, also written whole as <dq_dir>/reports/<run>.json."""
+    path = Path(dq_dir) / "reports" / f"{report.run_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report.path = str(path)
+    path.write_text(json.dumps(report.to_json(), indent=2, default=str))
     return report
 
 
-def check(spark, cfg: JobConfig, docs_dir: str | None, **kwargs) -> QualityReport:
+def _rows(validation) -> int:
+    """Rows the suite saw: its row count, else the most any of its column expectations counted."""
+    for r in validation.results:
+        if r.expectation_config.type == "expect_table_row_count_to_be_between":
+            return int(r.result["observed_value"])
+    return max((int(r.result.get("element_count") or 0) for r in validation.results), default=0)
+
+
+def check(spark, cfg: JobConfig, dq_dir: str, **kwargs) -> QualityReport:
     """`run`, raising QualityError (its message names every failed expectation and table) on failure."""
-    report = run(spark, cfg, docs_dir, **kwargs)
+    report = run(spark, cfg, dq_dir, **kwargs)
     if not report.success:
         raise QualityError(report)
     return report

@@ -41,13 +41,14 @@ class CommittedBatch:
 
 def last_committed(cfg: JobConfig, query: str = EVALUATE_QUERY) -> CommittedBatch | None:
     """The query's newest committed batch; None when its checkpoint has none (or does not exist)."""
-    root = Path(cfg.checkpoint(query))
-    commits = [int(p.name) for p in (root / "commits").glob("*") if p.name.isdigit()]
-    if not commits:
-        return None
-    batch = max(commits)
-    meta = json.loads((root / "offsets" / str(batch)).read_text().splitlines()[1])
-    return CommittedBatch(batch, int(meta.get("batchWatermarkMs", 0)), int(meta.get("batchTimestampMs", 0)))
+    commits = [int(p.name) for p in (Path(cfg.checkpoint(query)) / "commits").glob("*") if p.name.isdigit()]
+    return committed(cfg, query, max(commits)) if commits else None
+
+
+def committed(cfg: JobConfig, query: str, batch_id: int) -> CommittedBatch:
+    """A committed batch of the query, with the watermark and time it ran with (from its offset log)."""
+    meta = json.loads((Path(cfg.checkpoint(query)) / "offsets" / str(batch_id)).read_text().splitlines()[1])
+    return CommittedBatch(batch_id, int(meta.get("batchWatermarkMs", 0)), int(meta.get("batchTimestampMs", 0)))
 
 
 def raw(
@@ -72,10 +73,7 @@ def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int) -> dic
 
 
 def _batch(cfg: JobConfig, batch_id: int | None) -> CommittedBatch | None:
-    last = last_committed(cfg)
-    if last is None or batch_id is None or batch_id == last.batch_id:
-        return last
-    return CommittedBatch(batch_id, last.watermark_ms, last.timestamp_ms)
+    return last_committed(cfg) if batch_id is None else committed(cfg, EVALUATE_QUERY, batch_id)
 
 
 def engine_rules(spark: SparkSession, cfg: JobConfig, batch_id: int) -> dict[int, dict[int, tuple[int, int]]]:
@@ -135,10 +133,11 @@ def keys(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd
     )
 
 
-def login_sequences(spark: SparkSession, cfg: JobConfig) -> pd.DataFrame:
-    """Open login sequences of the login detector: (shard, ruleId, userId, start, failedIps)."""
+def login_sequences(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:
+    """Open login sequences of the login detector (as of a committed batch, default the newest): (shard, ruleId,
+    userId, start, failedIps)."""
     rows = []
-    for row in raw(spark, cfg, "sequences", query=LOGINS_QUERY).collect():
+    for row in raw(spark, cfg, "sequences", batch_id, query=LOGINS_QUERY).collect():
         for (rule, user), seq in decode_sequences(bytes(row.value.blob)).items():
             rows.append(
                 {"shard": int(row.key.shard), "ruleId": rule, "userId": user, "start": seq.start, "failedIps": seq.ips}

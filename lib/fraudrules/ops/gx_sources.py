@@ -1,0 +1,268 @@
+"""Great Expectations data sources of the project: the job's Delta tables and its streaming state, read with Spark.
+
+Two fluent data source types, registered with GX when this module is imported (GX registers every subclass of its
+`Datasource`): `fraudrules_tables`, one `delta_table` asset per table, and `fraudrules_state`, one `stream_state`
+asset per stateful query (read with Spark's state data source and decoded by the engine's own codecs,
+`state_reader`). Both read the job named by their `job` field, a config variable (`${fraudrules_job}`: the
+JobConfig fields as JSON, given by `quality.context`), so the one committed project (expectations/) reads local
+paths or Unity Catalog tables, and the checkpoints of either.
+
+A batch is pinned: a table at one Delta version, a state at one committed micro-batch. A run's pins are its one
+batch parameter, `snapshot` ({"tables": {name: version}, "state": {query: batchId}}, `pin`); every table the run
+can read is also a temp view of that name at its pinned version, which the suites' cross-table queries
+(UnexpectedRowsExpectation) join. A batch's spec names its table (or checkpoint) and its version (or batch id):
+both are in the validation results and on their Data Docs pages.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Literal
+
+import pandas as pd
+from great_expectations.compatibility import pydantic
+from great_expectations.core import IDDict
+from great_expectations.core.batch import LegacyBatchDefinition
+from great_expectations.core.batch_spec import RuntimeDataBatchSpec
+from great_expectations.datasource.fluent import BatchRequest
+from great_expectations.datasource.fluent.batch_identifier_util import make_batch_identifier
+from great_expectations.datasource.fluent.config_str import ConfigStr
+from great_expectations.datasource.fluent.constants import _DATA_CONNECTOR_NAME
+from great_expectations.datasource.fluent.interfaces import Batch, DataAsset, TestConnectionError
+from great_expectations.datasource.fluent.spark_datasource import _SparkDatasource
+from pyspark.sql import DataFrame, SparkSession
+
+from fraudrules import tables
+from fraudrules.config import EVALUATE_QUERY, JOB_TABLES, LOGINS_QUERY, JobConfig, config_from
+from fraudrules.ops import state_reader
+
+SNAPSHOT = "snapshot"  # the one batch parameter: what this run reads (see `pin`)
+STATE_QUERIES = (EVALUATE_QUERY, LOGINS_QUERY)
+WINDOW_STATE_SCHEMA = (
+    "shard long, ruleId long, sig long, key string, eventTime long, transactionId long, seq long, value long, "
+    "batchId long, watermarkMs long, batchTimeMs long, latenessMs long"
+)
+LOGIN_STATE_SCHEMA = (
+    "shard long, ruleId long, userId long, start long, failedIps array<string>, batchId long, watermarkMs long, "
+    "batchTimeMs long, latenessMs long"
+)
+
+
+class MissingInput(LookupError):
+    """A table, or a query's state, that a suite was asked to check does not exist."""
+
+
+# ------------------------------------------------------------------------------------------ pins
+
+
+def table_version(spark: SparkSession, cfg: JobConfig, name: str) -> int:
+    """The table's current Delta version."""
+    return int(tables.delta(spark, cfg, name).history(1).select("version").first()[0])
+
+
+def read_version(spark: SparkSession, cfg: JobConfig, name: str, version: int) -> DataFrame:
+    """The table as of a Delta version (time travel), by path or by its Unity Catalog name."""
+    reader = spark.read.option("versionAsOf", version)
+    return reader.table(cfg.table(name)) if cfg.uses_catalog else reader.format("delta").load(cfg.table(name))
+
+
+def pin(spark: SparkSession, cfg: JobConfig) -> dict:
+    """What a run reads: each existing table at its current version (also registered as a temp view of its name,
+    for the cross-table queries) and each stateful query's newest committed batch."""
+    # The state first: the tables its batch wrote (and the bronze rows other queries wrote meanwhile) are then in.
+    state = {q: b.batch_id for q in STATE_QUERIES if (b := state_reader.last_committed(cfg, q)) is not None}
+    pinned = {name: table_version(spark, cfg, name) for name in JOB_TABLES if tables.exists(spark, cfg, name)}
+    for name, version in pinned.items():
+        read_version(spark, cfg, name, version).createOrReplaceTempView(name)
+    return {"tables": pinned, "state": state}
+
+
+def missing_table(spark: SparkSession | None, cfg: JobConfig, name: str) -> str | None:
+    return None if tables.exists(spark, cfg, name) else f"no table {name} at {cfg.table(name)}"
+
+
+def missing_state(cfg: JobConfig, query: str) -> str | None:
+    if state_reader.last_committed(cfg, query) is not None:
+        return None
+    return f"the {query} query has no committed batch under {cfg.checkpoint(query)}"
+
+
+# ------------------------------------------------------------------------------------------ state frames
+
+
+def _facts(frame: pd.DataFrame, cfg: JobConfig, batch: state_reader.CommittedBatch) -> pd.DataFrame:
+    """A state's rows with the facts of the batch they are the state of (what its checks compare with)."""
+    return frame.assign(
+        batchId=batch.batch_id,
+        watermarkMs=batch.watermark_ms,
+        batchTimeMs=batch.timestamp_ms,
+        latenessMs=cfg.lateness_ms,
+    )
+
+
+def window_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
+    """The evaluate query's retained events that a window can still reach, one row each, with the batch's facts."""
+    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id), cfg, batch)
+    return spark.createDataFrame(frame, WINDOW_STATE_SCHEMA)
+
+
+def login_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
+    """The login detector's open sequences, one row each, with the batch's facts."""
+    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch)
+    rows = frame.astype(object).where(pd.notna(frame), None).to_dict("records")
+    return spark.createDataFrame(rows, LOGIN_STATE_SCHEMA)
+
+
+# ------------------------------------------------------------------------------------------ GX types
+
+
+class _JobSource(_SparkDatasource):
+    """A Spark data source over the job configured by `job` (JobConfig fields as JSON, usually a config variable)."""
+
+    _EXTRA_EXCLUDED_EXEC_ENG_ARGS: ClassVar[set] = {"job"}  # ours, not the Spark execution engine's
+    job: ConfigStr | str
+
+    def job_config(self) -> JobConfig:
+        text = self.job.get_config_value(self._config_provider) if isinstance(self.job, ConfigStr) else self.job
+        return config_from(json.loads(text))
+
+
+class _PinnedAsset(DataAsset):
+    """An asset whose batch is the one the run's `snapshot` pins (pinned here when the run gives none)."""
+
+    _reads: ClassVar[str] = "input"
+
+    def get_batch_parameters_keys(self, partitioner=None) -> tuple[str, ...]:
+        return (SNAPSHOT,)
+
+    def build_batch_request(self, options=None, batch_slice=None, partitioner=None) -> BatchRequest:
+        if batch_slice is not None or partitioner is not None:
+            raise ValueError(f"{type(self).__name__} has one batch: no slices, no partitioners")
+        unknown = set(options or {}) - {SNAPSHOT}
+        if unknown:
+            raise ValueError(f"unknown batch parameters {sorted(unknown)}; the only one is {SNAPSHOT!r}")
+        return BatchRequest(datasource_name=self.datasource.name, data_asset_name=self.name, options=options or {})
+
+    def _validate_batch_request(self, batch_request: BatchRequest) -> None:
+        if batch_request.data_asset_name != self.name or set(batch_request.options or {}) - {SNAPSHOT}:
+            raise ValueError(f"not a batch request of asset {self.name}: {batch_request}")
+
+    def get_batch_identifiers_list(self, batch_request: BatchRequest) -> list[dict]:
+        return [IDDict(batch_request.options or {})]
+
+    def test_connection(self) -> None:
+        reason = self.missing()
+        if reason:
+            raise TestConnectionError(reason)
+
+    def missing(self) -> str | None:
+        """Why this asset's input cannot be read, or None."""
+        raise NotImplementedError
+
+    def frame(self, spark: SparkSession, cfg: JobConfig, snapshot: dict) -> tuple[DataFrame, dict, dict]:
+        """The pinned batch's rows, what its spec says about them, and its pin (which identifies the batch)."""
+        raise NotImplementedError
+
+    def get_batch(self, batch_request: BatchRequest) -> Batch:
+        self._validate_batch_request(batch_request)
+        source: _JobSource = self.datasource  # type: ignore[assignment]
+        spark, cfg = source.get_spark(), source.job_config()
+        reason = self.missing()
+        if reason:
+            raise MissingInput(reason)
+        snapshot = (batch_request.options or {}).get(SNAPSHOT) or pin(spark, cfg)
+        df, described, pinned = self.frame(spark, cfg, snapshot)
+        spec = RuntimeDataBatchSpec(batch_data=df, data_asset_name=self.name, **described)
+        data, markers = source.get_execution_engine().get_batch_data_and_markers(batch_spec=spec)
+        # The batch is identified by this asset's own pin (e.g. `tables-alerts-delta_version_12`), not the snapshot.
+        own = BatchRequest(datasource_name=source.name, data_asset_name=self.name, options=pinned)
+        legacy = LegacyBatchDefinition(
+            datasource_name=source.name,
+            data_connector_name=_DATA_CONNECTOR_NAME,
+            data_asset_name=self.name,
+            batch_identifiers=make_batch_identifier(pinned),
+            batch_spec_passthrough=None,
+        )
+        metadata = {**self.batch_metadata, **described}
+        return Batch(
+            datasource=source,
+            data_asset=self,
+            batch_request=own,
+            data=data,
+            metadata=metadata,
+            batch_markers=markers,
+            batch_spec=spec,
+            batch_definition=legacy,
+        )
+
+    def _cfg(self) -> JobConfig:
+        return self.datasource.job_config()  # type: ignore[attr-defined]
+
+
+class DeltaTableAsset(_PinnedAsset):
+    """A project table (`table`), read with Spark at the Delta version the run pinned."""
+
+    type: Literal["delta_table"] = "delta_table"
+    table: str
+
+    class Config:
+        extra = pydantic.Extra.forbid
+
+    def missing(self) -> str | None:
+        cfg = self._cfg()
+        spark = self.datasource.get_spark() if cfg.uses_catalog else None  # local tables: a look at the folder
+        return missing_table(spark, cfg, self.table)
+
+    def frame(self, spark: SparkSession, cfg: JobConfig, snapshot: dict) -> tuple[DataFrame, dict, dict]:
+        version = int(snapshot["tables"][self.table])
+        described = {"table": cfg.table(self.table), "delta_version": version, "reader_method": "delta"}
+        return read_version(spark, cfg, self.table, version), described, {"delta_version": version}
+
+
+class StreamStateAsset(_PinnedAsset):
+    """A stateful query's state (`query`: evaluate or detect_logins) at the committed batch the run pinned."""
+
+    type: Literal["stream_state"] = "stream_state"
+    query: Literal["evaluate", "detect_logins"]
+
+    class Config:
+        extra = pydantic.Extra.forbid
+
+    def missing(self) -> str | None:
+        return missing_state(self._cfg(), self.query)
+
+    def frame(self, spark: SparkSession, cfg: JobConfig, snapshot: dict) -> tuple[DataFrame, dict, dict]:
+        batch = state_reader.committed(cfg, self.query, int(snapshot["state"][self.query]))
+        read = window_state if self.query == EVALUATE_QUERY else login_state
+        described = {
+            "checkpoint": cfg.checkpoint(self.query),
+            "state_batch_id": batch.batch_id,
+            "watermark_ms": batch.watermark_ms,
+            "reader_method": "statestore",
+        }
+        return read(spark, cfg, batch), described, {"state_batch": batch.batch_id}
+
+
+class TablesSource(_JobSource):
+    """The job's Delta tables: one `delta_table` asset per checked table."""
+
+    asset_types: ClassVar[list[type[DataAsset]]] = [DeltaTableAsset]
+    type: Literal["fraudrules_tables"] = "fraudrules_tables"
+    assets: list[DeltaTableAsset] = pydantic.Field(default_factory=list)
+
+
+class StateSource(_JobSource):
+    """The job's streaming state: one `stream_state` asset per stateful query."""
+
+    asset_types: ClassVar[list[type[DataAsset]]] = [StreamStateAsset]
+    type: Literal["fraudrules_state"] = "fraudrules_state"
+    assets: list[StreamStateAsset] = pydantic.Field(default_factory=list)
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """What a batch spec says was read: `table @ version N` or `checkpoint @ batch N`."""
+    if "delta_version" in spec:
+        return f"{spec['table']} @ Delta version {spec['delta_version']}"
+    if "state_batch_id" in spec:
+        return f"{spec['checkpoint']} @ batch {spec['state_batch_id']} (watermark {spec['watermark_ms']} ms)"
+    return str(spec.get("data_asset_name"))
