@@ -89,6 +89,19 @@ def alert_line(alert: Any) -> str:
     return f"  ALERT rule {alert.ruleId} · {who} at {iso_time(alert.eventTimeMs)} · {alert.message}"
 
 
+def first_per_key(alerts: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Up to `n` alerts, the first of each (rule, key) before any second one: a burst's alerts do not hide the
+    batch's other incidents."""
+    if alerts.empty:
+        return alerts
+    rank = alerts.groupby(["ruleId", "key"], sort=False, dropna=False).cumcount()
+    return alerts.assign(_rank=rank.to_numpy()).sort_values("_rank", kind="stable").head(n).drop(columns="_rank")
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def batch_lines(
     query: str, batch_id: int, heartbeat: Mapping[str, Any], alerts: pd.DataFrame, show: int = 5
 ) -> list[str]:
@@ -99,14 +112,13 @@ def batch_lines(
     if not len(alerts) and not late:
         return []
     unit = UNITS.get(query, "events")
-    late_text = f", {late:,} late" if late else ""
-    noun = "alert" if len(alerts) == 1 else "alerts"
-    lines = [f"[{query}] batch {batch_id}: {len(alerts):,} {noun} in {events:,} {unit}{late_text}{_latency(heartbeat)}"]
-    lines += [alert_line(a) for a in alerts.head(show).itertuples()]
+    counts = f"{plural(len(alerts), 'alert')} in {events:,} {unit}" + (f", {late:,} late" if late else "")
+    lines = [f"[{query}] batch {batch_id}: {counts}{_latency(heartbeat)}"]
+    lines += [alert_line(a) for a in first_per_key(alerts, show).itertuples()]
     if len(alerts) > show:
         per_rule = alerts["ruleId"].value_counts().sort_index()
-        rules = ", ".join(f"rule {r}: {n:,}" for r, n in per_rule.items())
-        lines.append(f"  … and {len(alerts) - show:,} more ({rules})")
+        rules = ", ".join(f"{r}: {n:,}" for r, n in per_rule.items())
+        lines.append(f"  … {len(alerts) - show:,} more; all {len(alerts):,} by rule: {rules}")
     return lines
 
 
@@ -189,7 +201,7 @@ def throughput_lines(tallies: Mapping[str, Tally], durations: Mapping[str, list[
         late = f", {t.late:,} late" if t.late else ""
         lines.append(
             f"[{query}] last {period_s:.0f} s: {t.events:,} {unit} ({t.events / period_s:,.0f}/s), "
-            f"{t.alerts:,} alerts{late}{took}"
+            f"{plural(t.alerts, 'alert')}{late}{took}"
         )
     return lines
 

@@ -42,7 +42,9 @@ class Writer(Protocol):
 
 def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = print) -> None:
     """Create missing tables; an empty rules table gets the rules of `rules_file` (if given)."""
-    tables.ensure(spark, cfg)
+    created = tables.ensure(spark, cfg)
+    if created:
+        printer(f"created {len(created)} tables: {', '.join(created)}")
     if rules_file and not store.current(spark, cfg):
         rules = load_rules_file(rules_file)
         store.upsert(spark, cfg, rules, author="fraudrules run")
@@ -169,7 +171,7 @@ def drain(running: job.Job, stop: Stop, drain_s: float, printer: Printer) -> Non
         now = time.monotonic()
         if stopper.is_alive() and now - last_tick >= TICK_S:
             last_tick, elapsed = now, now - started
-            busy = [name for name, q in running.by_name.items() if q.isActive]
+            busy = [name for name, q in running.by_name.items() if q.isActive and q.status["isTriggerActive"]]
             what = f"{', '.join(busy)} finishing a micro-batch" if busy else "committing results to Delta"
             printer(f"  … {elapsed:.0f} s: {what}")
 
