@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import job
+from fraudrules.engine.messages import iso_time
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
 from fraudrules.tables import to_json_line
@@ -54,11 +55,12 @@ class BacktestResult:
 
     def summary(self) -> str:
         lines = [
-            f"transactions: {self.transactions} valid, logins: {self.logins} valid, "
-            f"{self.quarantined} quarantined, {self.late} late",
-            f"alerts: {self.alerts}; {self.seconds:.1f} s wall clock incl. query start-up ({self.rate:,.0f} events/s)",
+            f"transactions: {self.transactions:,} valid, logins: {self.logins:,} valid, "
+            f"{self.quarantined:,} quarantined, {self.late:,} late",
+            f"alerts: {self.alerts:,}; {self.seconds:.1f} s wall clock incl. query start-up "
+            f"({self.rate:,.0f} events/s)",
         ]
-        lines += [f"  rule {rid}: {n} alerts" for rid, n in sorted(self.per_rule.items())]
+        lines += [f"  rule {rid}: {n:,} alerts" for rid, n in sorted(self.per_rule.items())]
         return "\n".join(lines)
 
 
@@ -100,7 +102,8 @@ def run(
 
 
 def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
-    """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value."""
+    """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value, and
+    `eventTime` as an ISO timestamp beside the exact `eventTimeMs`."""
     rows = tables.read(spark, cfg, "alerts").orderBy("ruleId", "transactionId", "userId", "eventTimeMs")
     rows = rows.select(*ALERT_FIELDS)
     n = 0
@@ -109,6 +112,7 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
             record = row.asDict()
             record["key"] = json.loads(record["key"])
             record["details"] = json.loads(record["details"]) if record["details"] else None
+            record["eventTime"] = iso_time(record["eventTimeMs"])
             fh.write(to_json_line(record) + "\n")
             n += 1
     return n

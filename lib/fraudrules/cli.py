@@ -1,34 +1,131 @@
-"""`fraudrules` command line: argument parsing over the library (what a cluster or an operator runs)."""
+"""`fraudrules` command line: argument parsing over the library (what a cluster or an operator runs).
+
+Arguments are checked before Spark starts: a missing or unreadable input, an output that cannot be written or
+an invalid value ends the command at once with a one-line error and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from fraudrules import __version__
-from fraudrules.config import TABLES, config_from, parse_options
+from fraudrules import __version__, logs
+from fraudrules.config import TABLES, JobConfig, config_from, parse_options
+from fraudrules.paths import input_problem, is_remote, output_problem
 
 PRODUCTION_RUN = "fraudrules run --no-generator --catalog C --schema S --checkpoint-root DIR [--kafka-bootstrap ...]"
+RULE_ACTIONS = ("put", "pause", "activate", "delete", "list", "history", "export")
+THRESHOLD_HELP = {
+    "stale_after_s": "seconds without a committed evaluate batch, while running, before the job counts as stalled",
+    "startup_grace_s": "seconds a fresh process gets to commit its first batch",
+    "p99_ms": "alert latency p99 (ms) of the newest batch above which latency counts as high",
+    "rising_factor": "factor by which the newer half of recent batches' p99 may exceed the older half",
+    "trend_batches": "recent batches looked at for the latency trend",
+    "lag_s": "age (s) of the oldest landing file not yet taken above which the lag counts as high",
+    "max_restarts_per_hour": "restarts in the last hour above which the job counts as crash-looping",
+}
+
+
+class UsageError(Exception):
+    """A command that cannot run as given: its message is printed on one line, the exit status is 2."""
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+N = TypeVar("N", int, float)
+
+
+def _bounded(kind: Callable[[str], N], low: N, inclusive: bool, what: str) -> Callable[[str], N]:
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < low or (value == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+positive_int = _bounded(int, 1, True, "a positive integer")
+non_negative_int = _bounded(int, 0, True, "a whole number >= 0")
+positive_float = _bounded(float, 0.0, False, "a number > 0")
+non_negative_float = _bounded(float, 0.0, True, "a number >= 0")
+
+
+def key_value(text: str) -> str:
+    try:
+        parse_options([text])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def check(*problems: str | None) -> None:
+    """Raise the first problem found (None: fine)."""
+    for problem in problems:
+        if problem:
+            raise UsageError(problem)
+
+
+def file_problem(path: str | None, what: str = "--rules") -> str | None:
+    if path is None or path == "-":
+        return None
+    if not os.path.isfile(path):
+        return f"{what} {path}: no such file"
+    return None if os.access(path, os.R_OK) else f"{what} {path}: file is not readable"
+
+
+def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
+    """The JobConfig of the arguments; an inconsistent one (e.g. Kafka topics without a bootstrap) is a usage
+    error."""
+    try:
+        return config_from(vars(args), **overrides)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def table_problem(cfg: JobConfig, name: str) -> str | None:
+    """A local table that does not exist yet (catalog tables are checked by Spark)."""
+    if cfg.uses_catalog or is_remote(cfg.data_dir) or os.path.isdir(os.path.join(cfg.table(name), "_delta_log")):
+        return None
+    return f"no table {name} under {os.path.abspath(cfg.data_dir)}/tables (run the job first, e.g. `make run`)"
 
 
 # ------------------------------------------------------------------------------------------ run
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fraudrules.engine import run
+    sources = {"--transactions": args.transactions_source, "--logins": args.logins_source}
+    check(
+        file_problem(args.rules),
+        *(input_problem(path, flag, must_have_files=False) for flag, path in sources.items() if path),
+    )
+    from fraudrules.engine import progress, run
     from fraudrules.generator import demo_writers, sample_rules_path
     from fraudrules.session import get_spark, kafka_secret_options, on_databricks
 
     secrets = kafka_secret_options(args.kafka_secret_scope) if args.kafka_bootstrap else {}
-    cfg = config_from(vars(args), logins=True, kafka_options={**parse_options(args.kafka_option), **secrets})
+    cfg = job_config(args, logins=True, kafka_options={**parse_options(args.kafka_option), **secrets})
     generate = args.rate > 0 and not args.no_generator
-    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
-    run.prepare(spark, cfg, args.rules or (sample_rules_path() if generate else None))
+    started = time.monotonic()
+    with progress.ticker(print, "starting Spark (local JVM and Delta)"):
+        spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+    print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
+    where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
+    with progress.ticker(print, f"preparing tables in {where}"):
+        run.prepare(spark, cfg, args.rules or (sample_rules_path() if generate else None))
     writers = demo_writers(cfg, args.rate) if generate else []
     if writers:
         into = (
@@ -36,109 +133,123 @@ def cmd_run(args: argparse.Namespace) -> int:
             if cfg.source == "kafka"
             else f"{cfg.landing} and {cfg.logins_landing}"
         )
-        print(f"generating {args.rate:g} transactions/s (and logins) into {into}")
-    where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
-    print(f"tables in {where}; Ctrl-C stops")
+        print(f"generating {args.rate:g} transactions/s (bursts of large payments) and logins into {into}")
+    print("starting the queries; Ctrl-C stops")
     failed = run.run(spark, cfg, writers, args.seconds)
     if not on_databricks():
         spark.stop()
     if failed:
-        print(f"a query failed: {failed}", file=sys.stderr)
+        print(f"a query failed: {_first_line(failed)}", file=sys.stderr)
         return 1
-    print("stopped cleanly; run again to resume from the checkpoint")
+    print("stopped cleanly; run again to resume from the checkpoints")
     return 0
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 # ------------------------------------------------------------------------------------------ backtest, export, generate
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from fraudrules import backtest
-    from fraudrules.rules.model import parse_rules_text
-    from fraudrules.session import get_spark
-
     if not (args.transactions_input or args.logins_input):
-        print("backtest needs --transactions and/or --logins", file=sys.stderr)
-        return 2
-    try:
-        rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"))
-    except OSError as err:
-        print(f"cannot read rules: {err}", file=sys.stderr)
-        return 2
+        raise UsageError("backtest needs --transactions and/or --logins")
+    check(
+        input_problem(args.transactions_input, "--transactions") if args.transactions_input else None,
+        input_problem(args.logins_input, "--logins") if args.logins_input else None,
+        file_problem(args.rules),
+        output_problem(args.out, "--out"),
+    )
+    from fraudrules.rules.model import parse_rules_text
+
+    rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"))
     for err in errors:  # like the rules stream: invalid rules are reported, the valid ones still run
         print(f"skipping invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
     if not rules:
-        print("no valid rules to backtest", file=sys.stderr)
-        return 2
+        raise UsageError(f"--rules {args.rules}: no valid rules")
+
+    from fraudrules import backtest
+    from fraudrules.session import get_spark
+
     work = args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-")
     if args.data_dir is None or args.fresh:
         shutil.rmtree(work, ignore_errors=True)
-    cfg = config_from(vars(args), data_dir=work)
+    cfg = job_config(args, data_dir=work)
     spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
     result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = backtest.write_alerts(spark, cfg, args.out)
     print(result.summary())
-    print(f"wrote {n} alerts to {args.out} (tables in {work})")
+    print(f"wrote {n:,} alerts to {args.out} (tables in {work})")
     spark.stop()
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    cfg = job_config(args)
+    check(output_problem(args.out, "--out"), table_problem(cfg, args.table))
     from fraudrules import tables
     from fraudrules.session import get_spark
 
     spark = get_spark()
-    n = tables.export_jsonl(spark, config_from(vars(args)), args.table, args.out)
-    print(f"wrote {n} rows of {args.table} to {args.out}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    n = tables.export_jsonl(spark, cfg, args.table, args.out)
+    print(f"wrote {n:,} rows of {args.table} to {args.out}")
     spark.stop()
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    check(output_problem(os.path.join(args.out, "part-000000.json"), "--out"))
     from fraudrules.generator import Workload, write_jsonl
 
     wl = Workload(count=args.count, seed=args.seed, payees=args.payees, beneficiaries=args.beneficiaries)
     n = write_jsonl(args.out, wl.transactions(), per_file=args.per_file)
-    print(f"wrote {n} transactions to {args.out}")
+    files = -(-n // args.per_file)
+    print(f"wrote {n:,} transactions to {args.out} ({files:,} file{'s' if files != 1 else ''})")
     return 0
 
 
 # ------------------------------------------------------------------------------------------ rules
 
 
-def cmd_rules(args: argparse.Namespace) -> int:
-    from fraudrules import tables
-    from fraudrules.rules import store
-    from fraudrules.rules.model import RuleError, parse_rules_text
-    from fraudrules.session import get_spark
+def rule_id(args: argparse.Namespace) -> int:
+    if args.target is None:
+        raise UsageError(f"rules {args.action} needs a rule id, e.g. `fraudrules rules {args.action} 1`")
+    try:
+        return int(args.target)
+    except ValueError:
+        raise UsageError(f"rules {args.action}: rule id {args.target!r} is not an integer") from None
 
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from fraudrules.rules.model import RuleError, parse_rules_text
+
+    changes, target = [], None
     if args.action == "put":
+        if args.target is None:
+            raise UsageError("rules put needs a rules file, or - to read them from stdin")
+        check(file_problem(args.target, "rules put"))
         text = sys.stdin.read() if args.target == "-" else Path(args.target).read_text(encoding="utf-8")
         changes, errors = parse_rules_text(text)
         if errors:  # nothing is applied from a file with an invalid rule
             for err in errors:
                 print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
             return 2
-    cfg = config_from(vars(args))
+    elif args.action in ("pause", "activate", "delete", "history"):
+        target = rule_id(args)
+    cfg = job_config(args)
+
+    from fraudrules import tables
+    from fraudrules.session import get_spark
+
     spark = get_spark("fraudrules-rules")
     tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
     try:
-        if args.action == "put":
-            for row in store.apply(spark, cfg, changes, author=args.author):
-                print(f"rule {row['ruleId']} v{row['version']} {row['ruleState']}")
-        elif args.action in ("pause", "activate", "delete"):
-            state = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}[args.action]
-            row = store.set_state(spark, cfg, int(args.target), state, author=args.author)
-            print(f"rule {row['ruleId']} v{row['version']} {row['ruleState']}")
-        elif args.action == "list":
-            for rid, row in sorted(store.current(spark, cfg).items()):
-                print(f"{rid:>6} v{row['version']:<4} {row['ruleState']:<7} {row['ruleJson']}")
-        elif args.action == "history":
-            for row in store.history(spark, cfg, int(args.target)):
-                when, who, change = row["updatedAt"], row["updatedBy"], row["change"]
-                print(f"v{row['version']:<4} {when} {who:<12} {change:<8} {row['ruleState']:<7} {row['ruleJson']}")
-        elif args.action == "export":
-            print(f"exported to {store.export_current(spark, cfg)}")
+        for line in _rules_action(spark, cfg, args.action, changes, target, args.author):
+            print(line)
     except RuleError as err:
         print(f"rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
         return 2
@@ -147,14 +258,48 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int | None, author: str) -> list[str]:
+    from fraudrules.engine.messages import rule_text
+    from fraudrules.rules import store
+    from fraudrules.rules.model import parse_rule
+
+    def describe(row: dict) -> str:
+        return rule_text(parse_rule(json.loads(row["ruleJson"])))
+
+    if action == "put":
+        return [
+            f"rule {row['ruleId']} v{row['version']} {row['ruleState']}"
+            for row in store.apply(spark, cfg, changes, author=author)
+        ]
+    if action in ("pause", "activate", "delete"):
+        state = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}[action]
+        row = store.set_state(spark, cfg, int(target or 0), state, author=author)
+        return [f"rule {row['ruleId']} v{row['version']} {row['ruleState']}"]
+    if action == "list":
+        rows = sorted(store.current(spark, cfg).items())
+        return [f"{rid:>6} v{row['version']:<4} {row['ruleState']:<7} {describe(row)}" for rid, row in rows] or [
+            "no rules (add some with `fraudrules rules put FILE`)"
+        ]
+    if action == "history":
+        out = []
+        for row in store.history(spark, cfg, int(target or 0)):
+            when = row["updatedAt"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["updatedAt"] else "-"
+            who, change = row["updatedBy"], row["change"]
+            out.append(f"v{row['version']:<4} {when} {who:<12} {change:<8} {row['ruleState']:<7} {describe(row)}")
+        return out
+    return [f"exported to {store.export_current(spark, cfg)}"]
+
+
 # ------------------------------------------------------------------------------------------ quality, status
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
     from fraudrules.ops import quality
+
+    check(output_problem(args.report, "--report") if args.report else None)
     from fraudrules.session import get_spark, on_databricks
 
-    cfg = config_from(vars(args))
+    cfg = job_config(args)
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
     spark = get_spark("fraudrules-quality")
     try:
@@ -175,6 +320,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from fraudrules.ops import health
 
+    if args.facts and args.facts != "-":
+        check(file_problem(args.facts, "--facts"))
     th = health.Thresholds(**{name: getattr(args, name) for name in health.Thresholds.__dataclass_fields__})
     if args.facts:
         facts = json.loads(sys.stdin.read() if args.facts == "-" else Path(args.facts).read_text())
@@ -186,6 +333,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------ parser
+
+
+def _common_parent() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=f"show Spark's warnings and its Python workers' output (same as {logs.ENV}=WARN)",
+    )
+    return p
 
 
 def _tables_parent() -> argparse.ArgumentParser:
@@ -202,10 +360,12 @@ def _engine_parent() -> argparse.ArgumentParser:
     """Settings fixed for the life of a checkpoint, which every command reading the state must share."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
-        "--shards", type=int, default=2, help="state groups of the stateful stages (best: one per partition)"
+        "--shards", type=positive_int, default=2, help="state groups of the stateful stages (best: one per partition)"
     )
-    p.add_argument("--shuffle-partitions", type=int, default=2)
-    p.add_argument("--lateness-ms", type=int, default=60_000, help="allowed lateness of the watermark")
+    p.add_argument("--shuffle-partitions", type=positive_int, default=2, help="partitions of the stateful stages")
+    p.add_argument(
+        "--lateness-ms", type=non_negative_int, default=60_000, help="allowed lateness of the watermark (ms)"
+    )
     return p
 
 
@@ -217,7 +377,13 @@ def threshold_arguments() -> argparse.ArgumentParser:
     defaults = Thresholds()
     for name in Thresholds.__dataclass_fields__:
         value = getattr(defaults, name)
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        kind = positive_int if isinstance(value, int) else positive_float
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=value,
+            help=f"{THRESHOLD_HELP.get(name, name)} (default {value:g})",
+        )
     return p
 
 
@@ -230,25 +396,90 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         "embedded demo generator and the sample rules.",
     )
     run.add_argument("--no-generator", action="store_true", help="no embedded generator (production)")
-    run.add_argument("--rate", type=float, default=200.0, help="generated transactions per second (0: none)")
+    run.add_argument(
+        "--rate", type=non_negative_float, default=200.0, help="generated transactions per second (0: none)"
+    )
     run.add_argument("--rules", help="rules file loaded into an empty rules table (default with the generator: demo)")
-    run.add_argument("--trigger-seconds", type=float, default=0.1, help="a stateful micro-batch at most this often")
-    run.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
+    run.add_argument(
+        "--trigger-seconds", type=positive_float, default=0.1, help="a stateful micro-batch at most this often"
+    )
+    run.add_argument("--seconds", type=non_negative_float, default=0, help="stop after this long (0: until Ctrl-C)")
     run.add_argument("--available-now", action="store_true", help="process the input present at start, then stop")
-    run.add_argument("--transactions", dest="transactions_source", help="folder of transaction files")
-    run.add_argument("--logins", dest="logins_source", help="folder of login-event files")
-    run.add_argument("--max-files-per-trigger", type=int, default=None, help="bound of a file micro-batch")
+    run.add_argument(
+        "--transactions",
+        dest="transactions_source",
+        metavar="PATH",
+        help="transactions: a folder, a JSON-lines file or a glob (default <data-dir>/landing/transactions)",
+    )
+    run.add_argument(
+        "--logins",
+        dest="logins_source",
+        metavar="PATH",
+        help="login events: a folder, a JSON-lines file or a glob (default <data-dir>/landing/logins)",
+    )
+    run.add_argument(
+        "--max-files-per-trigger", type=positive_int, default=None, help="bound of a file micro-batch (files)"
+    )
     run.add_argument("--source", choices=["files", "kafka"], help="default: kafka with a bootstrap, else files")
     run.add_argument("--kafka-bootstrap", help="bootstrap servers (`make run SOURCE=kafka` starts a local broker)")
-    run.add_argument("--kafka-option", action="append", metavar="KEY=VALUE", help="e.g. kafka.sasl.mechanism=PLAIN")
+    run.add_argument(
+        "--kafka-option",
+        action="append",
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="Kafka client option, repeatable, e.g. kafka.sasl.mechanism=PLAIN",
+    )
     run.add_argument("--kafka-secret-scope", help="Databricks secret scope with kafka-username / kafka-password")
-    run.add_argument("--transactions-topic", dest="kafka_transactions_topic", default="transactions")
-    run.add_argument("--logins-topic", dest="kafka_logins_topic", default="logins")
+    run.add_argument(
+        "--transactions-topic", dest="kafka_transactions_topic", default="transactions", help="transactions topic"
+    )
+    run.add_argument("--logins-topic", dest="kafka_logins_topic", default="logins", help="login events topic")
     run.add_argument("--rules-topic", dest="kafka_rules_topic", default="rules", help="rule changes ('' for none)")
     run.add_argument("--alerts-topic", dest="kafka_alerts_topic", default="alerts", help="alerts also here ('' none)")
-    run.add_argument("--starting-offsets", dest="kafka_starting_offsets", default="earliest", help="fresh checkpoint")
-    run.add_argument("--max-offsets-per-trigger", type=int, default=None, help="bound of a Kafka micro-batch")
+    run.add_argument(
+        "--starting-offsets",
+        dest="kafka_starting_offsets",
+        default="earliest",
+        help="where a fresh checkpoint starts reading: earliest, latest or JSON offsets",
+    )
+    run.add_argument(
+        "--max-offsets-per-trigger", type=positive_int, default=None, help="bound of a Kafka micro-batch (records)"
+    )
     run.set_defaults(func=cmd_run)
+
+
+def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
+    bt = sub.add_parser(
+        "backtest",
+        parents=parents,
+        help="evaluate rules over files of transactions and logins",
+        description="The job's own queries, run to completion over JSON-lines input, then the alerts as JSON "
+        "lines. PATH: a JSON-lines file, a folder of them, or a glob (quote it).",
+    )
+    bt.add_argument("--transactions", dest="transactions_input", metavar="PATH", help="transactions (file/folder/glob)")
+    bt.add_argument("--logins", dest="logins_input", metavar="PATH", help="login events (file/folder/glob)")
+    bt.add_argument("--rules", required=True, metavar="FILE", help="rules: a JSON list (or one rule)")
+    bt.add_argument("--out", required=True, metavar="FILE", help="where the alerts go, as JSON lines")
+    bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a fresh temporary one)")
+    bt.add_argument(
+        "--max-files-per-trigger", type=positive_int, default=None, help="files per micro-batch (default: all)"
+    )
+    bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
+    bt.set_defaults(func=cmd_backtest)
+
+
+def _add_rules(sub, parents: list[argparse.ArgumentParser]) -> None:
+    ru = sub.add_parser(
+        "rules",
+        parents=parents,
+        help="manage rules: put, pause, activate, delete, list, history, export",
+        description="put FILE|- (a rule or a JSON list), pause ID, activate ID, delete ID, list, history ID, "
+        "export. A running job applies each change at its next micro-batch.",
+    )
+    ru.add_argument("action", choices=RULE_ACTIONS, help="what to do")
+    ru.add_argument("target", nargs="?", help="rules file or - (put), or a rule id (pause, activate, delete, history)")
+    ru.add_argument("--author", default=os.environ.get("USER", "cli"), help="recorded in rule_history (default $USER)")
+    ru.set_defaults(func=cmd_rules)
 
 
 def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
@@ -264,45 +495,37 @@ def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fraudrules", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="fraudrules",
+        description="Dynamic fraud rules on Spark Structured Streaming + Delta Lake: run the job, backtest rules "
+        "over files, manage the rules, export tables, check data quality and health.",
+        epilog="`fraudrules COMMAND --help` describes a command. Spark logs only errors unless -v/--verbose "
+        f"or {logs.ENV}=WARN|INFO|DEBUG.",
+    )
     p.add_argument("--version", action="version", version=f"fraudrules {__version__}")
-    where, engine = _tables_parent(), _engine_parent()
-    sub = p.add_subparsers(dest="command", required=True)
-    _add_run(sub, [where, engine])
+    common, where, engine = _common_parent(), _tables_parent(), _engine_parent()
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(sub, [common, where, engine])
+    _add_backtest(sub, [common, engine])
 
-    bt = sub.add_parser("backtest", parents=[engine], help="evaluate rules over files of transactions and logins")
-    bt.add_argument("--transactions", dest="transactions_input", help="JSON-lines file or folder of transactions")
-    bt.add_argument("--logins", dest="logins_input", help="JSON-lines file or folder of login events")
-    bt.add_argument("--rules", required=True, help="JSON list of rules")
-    bt.add_argument("--out", required=True, help="alerts as JSON lines")
-    bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a temporary one)")
-    bt.add_argument("--max-files-per-trigger", type=int, default=None)
-    bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
-    bt.set_defaults(func=cmd_backtest)
-
-    ex = sub.add_parser("export", parents=[where], help="dump a Delta table as JSON lines")
-    ex.add_argument("table", choices=TABLES)
-    ex.add_argument("--out", required=True)
+    ex = sub.add_parser("export", parents=[common, where], help="dump a Delta table as JSON lines")
+    ex.add_argument("table", choices=TABLES, metavar="TABLE", help=f"one of: {', '.join(TABLES)}")
+    ex.add_argument("--out", required=True, metavar="FILE", help="the JSON-lines file to write")
     ex.set_defaults(func=cmd_export)
 
-    gen = sub.add_parser("generate", help="write a reproducible demo workload as JSON-lines files")
-    gen.add_argument("--out", required=True)
-    gen.add_argument("--count", type=int, default=10_000)
-    gen.add_argument("--seed", type=int, default=7)
-    gen.add_argument("--payees", type=int, default=2_000)
-    gen.add_argument("--beneficiaries", type=int, default=500)
-    gen.add_argument("--per-file", type=int, default=5_000)
+    gen = sub.add_parser("generate", parents=[common], help="write a reproducible demo workload as JSON-lines files")
+    gen.add_argument("--out", required=True, metavar="DIR", help="folder for the files (created if missing)")
+    gen.add_argument("--count", type=positive_int, default=10_000, help="transactions to write")
+    gen.add_argument("--seed", type=int, default=7, help="random seed: the same seed writes the same workload")
+    gen.add_argument("--payees", type=positive_int, default=2_000, help="distinct payees (Zipf-skewed)")
+    gen.add_argument("--beneficiaries", type=positive_int, default=500, help="distinct beneficiaries (Zipf-skewed)")
+    gen.add_argument("--per-file", type=positive_int, default=5_000, help="transactions per file")
     gen.set_defaults(func=cmd_generate)
 
-    ru = sub.add_parser("rules", parents=[where], help="manage rules: put, pause, activate, delete, list, history")
-    ru.add_argument("action", choices=["put", "pause", "activate", "delete", "list", "history", "export"])
-    ru.add_argument("target", nargs="?", help="rules file or - (put), or a ruleId")
-    ru.add_argument("--author", default=os.environ.get("USER", "cli"))
-    ru.set_defaults(func=cmd_rules)
+    _add_rules(sub, [common, where])
+    _add_quality(sub, [common, where, engine])
 
-    _add_quality(sub, [where, engine])
-
-    st = sub.add_parser("status", parents=[threshold_arguments()], help="health of the job as JSON")
+    st = sub.add_parser("status", parents=[common, threshold_arguments()], help="health of the job as JSON")
     st.add_argument("--data-dir", default="data", help="the local job's data dir")
     st.add_argument("--facts", help="judge facts observed elsewhere instead (JSON file or -: the Databricks target)")
     st.set_defaults(func=cmd_status)
@@ -310,8 +533,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens, also through a pipe
     args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    return int(args.func(args) or 0)
+    try:
+        if args.verbose:
+            logs.set_verbose()
+        try:
+            logs.level()
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        print(f"fraudrules {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fraudrules {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

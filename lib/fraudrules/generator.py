@@ -21,7 +21,7 @@ import numpy as np
 from fraudrules.config import JobConfig
 
 _CHUNK = 100_000
-SAMPLE_RULES = "sample_rules.json"  # the reference demo's rules plus the login detector, shipped in the package
+SAMPLE_RULES = "sample_rules.json"  # rules that catch the injected bursts, plus the login detector (in the package)
 
 
 def sample_rules_path() -> str:

@@ -7,13 +7,17 @@ under the current directory.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import sys
 from importlib import resources
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+from fraudrules import logs
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -41,7 +45,7 @@ def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSess
     if on_databricks():
         spark = SparkSession.builder.getOrCreate()
     else:
-        spark = (
+        builder = (
             SparkSession.builder.master(os.environ.get("FRAUDRULES_MASTER", "local[2]"))
             .appName(app)
             .config("spark.jars", ",".join(local_jars()))
@@ -60,9 +64,12 @@ def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSess
             .config("spark.scheduler.allocation.file", str(resources.files("fraudrules").joinpath(POOLS)))
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
-            .getOrCreate()
+            .config("spark.driver.extraJavaOptions", logs.java_options())  # quiet from the JVM's first line
         )
-        spark.sparkContext.setLogLevel(os.environ.get("FRAUDRULES_LOG_LEVEL", "ERROR"))
+        with logs.launching_jvm() if SparkContext._gateway is None else contextlib.nullcontext():
+            spark = builder.getOrCreate()
+        logs.quiet_python_workers(spark)
+        spark.sparkContext.setLogLevel(logs.level())
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     return spark

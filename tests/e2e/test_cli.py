@@ -1,4 +1,5 @@
-"""The command line as users run it: backtest on fixtures against the reference, rule validation errors."""
+"""The command line as the README writes it: each command without extra options, in a fresh folder (so `data`
+is the default data dir), its output quiet (no Spark or Python-worker chatter) and its results checked."""
 
 from __future__ import annotations
 
@@ -12,42 +13,52 @@ from pathlib import Path
 
 import pytest
 
+from fraudrules.generator import LoginWorkload
 from fraudrules.rules.model import load_rules_file
 from tests.support import reference
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-CLI = [sys.executable, "-m", "fraudrules.cli"]
+SAMPLE_RULES = Path(__file__).parents[2] / "lib" / "fraudrules" / "sample_rules.json"
+FRAUDRULES = [sys.executable, "-m", "fraudrules.cli"]
+CHATTER = ("Python worker", "StructType", "log4j", " WARN ", "WARNING", "Setting default log level")
 
 
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def fraudrules(*args: str, cwd: Path, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    """`fraudrules ARGS` in `cwd`; temporary folders (a backtest's default work dir) under `cwd` too."""
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(cwd), **env}
+    environment.pop("FRAUDRULES_LOG_LEVEL", None)
     return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=600,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        [*FRAUDRULES, *args], cwd=cwd, capture_output=True, text=True, input=stdin, timeout=600, env=environment
     )
 
 
+def assert_quiet(res: subprocess.CompletedProcess) -> None:
+    """Only the command's own lines: nothing on stderr, none of Spark's or its workers' chatter anywhere."""
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr == "", res.stderr[-3000:]
+    assert not [line for line in res.stdout.splitlines() if any(c in line for c in CHATTER)], res.stdout
+
+
 @pytest.mark.e2e
-def test_backtest_cli_matches_the_reference(tmp_path):
-    out = tmp_path / "alerts.jsonl"
-    res = run(
+def test_backtest_as_written_is_quiet_and_matches_the_reference(tmp_path):
+    res = fraudrules(
         "backtest",
         "--transactions",
         str(FIXTURES / "transactions.jsonl"),
         "--rules",
         str(FIXTURES / "rules.json"),
         "--out",
-        str(out),
-        "--data-dir",
-        str(tmp_path / "work"),
+        "alerts.jsonl",
+        cwd=tmp_path,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "transactions: 2000 valid, logins: 0 valid, 0 quarantined, 0 late" in res.stdout
-    lines = out.read_text().splitlines()
-    alerts = {(a["ruleId"], a["transactionId"]): a for a in (json.loads(x, parse_float=Decimal) for x in lines)}
+    assert_quiet(res)
+    lines = res.stdout.splitlines()
+    assert lines[0] == "transactions: 2,000 valid, logins: 0 valid, 0 quarantined, 0 late"
+    assert lines[-1].startswith("wrote 4,478 alerts to alerts.jsonl (tables in ")
+    alerts = {
+        (a["ruleId"], a["transactionId"]): a
+        for a in (json.loads(x, parse_float=Decimal) for x in (tmp_path / "alerts.jsonl").read_text().splitlines())
+    }
     txs = [json.loads(line) for line in (FIXTURES / "transactions.jsonl").read_text().splitlines()]
     expected, _ = reference.run([txs], [load_rules_file(str(FIXTURES / "rules.json"))], 60_000)
     assert set(alerts) == set(expected) and len(expected) > 50
@@ -55,38 +66,87 @@ def test_backtest_cli_matches_the_reference(tmp_path):
         assert abs(Fraction(str(alerts[k]["aggregate"])) - agg) <= Fraction(1, 10**18)
     assert {a["ruleId"] for a in alerts.values()} >= {1, 2, 3, 4, 6, 7}
     assert all(isinstance(a["key"], dict) for a in alerts.values())
+    assert all(a["eventTime"].endswith("Z") for a in alerts.values())
 
 
 @pytest.mark.e2e
-def test_rules_put_rejects_invalid_rules_naming_rule_and_problem(tmp_path):
-    bad = [
-        {
-            "ruleId": 9,
-            "ruleState": "ACTIVE",
-            "groupingKeyNames": ["payeeId"],
-            "aggregateFieldName": "colour",
-            "aggregatorFunctionType": "SUM",
-            "limitOperatorType": "GREATER",
-            "limit": 1,
-            "windowMinutes": 0,
-        }
-    ]
-    res = run("rules", "put", "-", "--data-dir", str(tmp_path), stdin=json.dumps(bad))
+def test_missing_input_exits_2_at_once(tmp_path):
+    res = fraudrules(
+        "backtest",
+        "--transactions",
+        "nope.jsonl",
+        "--rules",
+        str(FIXTURES / "rules.json"),
+        "--out",
+        "a.jsonl",
+        cwd=tmp_path,
+    )
+    assert (res.returncode, res.stdout) == (2, "")
+    assert res.stderr == "fraudrules backtest: --transactions nope.jsonl: no such file or folder\n"
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+@pytest.mark.e2e
+def test_a_single_login_file_a_glob_of_transaction_files_and_verbose(tmp_path):
+    """`backtest --logins FILE` (a file, not a folder) and `--transactions 'GLOB'`, in one backtest; with
+    --verbose, the Python workers' output that is quiet by default is back."""
+    events = list(LoginWorkload(count=400, users=30, attack_every=40, seed=3).events())
+    (tmp_path / "logins.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert_quiet(fraudrules("generate", "--out", "landing", "--count", "3000", "--per-file", "1000", cwd=tmp_path))
+    (tmp_path / "landing" / "notes.txt").write_text("not a transaction\n")  # outside the glob
+    res = fraudrules(
+        "backtest",
+        "--transactions",
+        "landing/part-*.json",
+        "--logins",
+        "logins.jsonl",
+        "--rules",
+        str(SAMPLE_RULES),
+        "--out",
+        "alerts.jsonl",
+        "--verbose",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Streaming TransformWithStateInPandas Python worker" in res.stderr
+    assert res.stdout.startswith(f"transactions: 3,000 valid, logins: {len(events)} valid, 0 quarantined")
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert {a["kind"] for a in alerts} == {"WINDOW", "LOGIN_ANOMALY"}
+    assert {a["ruleId"] for a in alerts if a["kind"] == "WINDOW"} <= {1, 2, 3, 4, 5}
+
+
+@pytest.mark.e2e
+def test_rules_commands_as_written(tmp_path):
+    rule = json.loads((FIXTURES / "rules.json").read_text())[0]
+    (tmp_path / "rule.json").write_text(json.dumps(rule))
+    assert fraudrules("rules", "put", "rule.json", cwd=tmp_path).stdout == "rule 1 v1 ACTIVE\n"
+    assert (tmp_path / "data" / "tables" / "rules" / "_delta_log").is_dir()  # the default data dir
+    assert fraudrules("rules", "pause", "1", cwd=tmp_path).stdout == "rule 1 v2 PAUSE\n"
+    assert fraudrules("rules", "activate", "1", cwd=tmp_path).stdout == "rule 1 v3 ACTIVE\n"
+    listed = fraudrules("rules", "list", cwd=tmp_path)
+    assert_quiet(listed)
+    assert (
+        listed.stdout == "     1 v3    ACTIVE  SUM(paymentAmount) by payeeId, beneficiaryId over 20 min > 20,000.00\n"
+    )
+    missing = fraudrules("rules", "delete", "42", cwd=tmp_path)
+    assert missing.returncode == 2 and "rule 42: no such rule" in missing.stderr
+    history = fraudrules("rules", "history", "1", cwd=tmp_path).stdout.splitlines()
+    assert [line.split()[0] for line in history] == ["v1", "v2", "v3"]
+    invalid = [{**rule, "ruleId": 9, "aggregateFieldName": "colour", "windowMinutes": 0}]
+    res = fraudrules("rules", "put", "-", stdin=json.dumps(invalid), cwd=tmp_path)
     assert res.returncode == 2
     assert "invalid rule 9" in res.stderr and "windowMinutes must be > 0" in res.stderr
     assert "aggregateFieldName 'colour' is unknown" in res.stderr
-    res = run("rules", "put", "-", "--data-dir", str(tmp_path), stdin="{oops")
+    res = fraudrules("rules", "put", "-", stdin="{oops", cwd=tmp_path)
     assert res.returncode == 2 and "malformed JSON" in res.stderr
 
 
 @pytest.mark.e2e
-def test_rules_cli_lifecycle(tmp_path):
-    rule = json.loads((FIXTURES / "rules.json").read_text())[0]
-    d = str(tmp_path)
-    assert run("rules", "put", "-", "--data-dir", d, stdin=json.dumps(rule)).stdout.strip() == "rule 1 v1 ACTIVE"
-    assert run("rules", "pause", "1", "--data-dir", d).stdout.strip() == "rule 1 v2 PAUSE"
-    assert run("rules", "activate", "1", "--data-dir", d).stdout.strip() == "rule 1 v3 ACTIVE"
-    missing = run("rules", "delete", "42", "--data-dir", d)
-    assert missing.returncode == 2 and "rule 42: no such rule" in missing.stderr
-    history = run("rules", "history", "1", "--data-dir", d).stdout.splitlines()
-    assert [line.split()[0] for line in history] == ["v1", "v2", "v3"]
+def test_export_and_status_as_written(tmp_path, backtest_data):
+    (tmp_path / "data").symlink_to(backtest_data)
+    res = fraudrules("export", "alerts", "--out", "a.jsonl", cwd=tmp_path)
+    assert_quiet(res)
+    rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert rows and res.stdout == f"wrote {len(rows):,} rows of alerts to a.jsonl\n"
+    status = fraudrules("status", "--data-dir", "data", cwd=tmp_path)
+    assert status.returncode == 0 and "action" in json.loads(status.stdout)

@@ -69,5 +69,5 @@ def real_backtest(root: Path) -> Path:
     cmd += ["--max-files-per-trigger", "1"]
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert re.search(r"transactions: 3000 valid, logins: 603 valid, 17 quarantined", proc.stdout), proc.stdout
+    assert re.search(r"transactions: 3,000 valid, logins: 603 valid, 17 quarantined", proc.stdout), proc.stdout
     return root / "data"

@@ -1,51 +1,123 @@
-"""Alert messages people can read: money with 2 places, counts as integers, keys as name=value."""
+"""Text people can read: money with 2 places, counts as integers, keys as name=value, times as ISO timestamps.
+
+Used for the alerts' `message` column, the console, the rules CLI and the notebooks; stored values stay exact.
+"""
 
 from __future__ import annotations
 
 import json
-from decimal import ROUND_HALF_EVEN, Decimal
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-from fraudrules.rules.model import COUNT_FIELDS, NUMERIC_FIELDS, Rule
+from fraudrules.rules.model import COUNT_FIELDS, LOGIN_RULE, NUMERIC_FIELDS, RESET_FIELD, Condition, Rule
 
 SYMBOLS = {"EQUAL": "=", "NOT_EQUAL": "!=", "GREATER": ">", "GREATER_EQUAL": ">=", "LESS": "<", "LESS_EQUAL": "<="}
+FILTER_SYMBOLS = {"EQ": "=", "NE": "!=", "GT": ">", "GE": ">=", "LT": "<", "LE": "<="}
+AVG_PLACES = 2  # an average of counts is shown with this many decimals (an average of amounts: at their scale)
 
 
 def key_label(key_json: str) -> str:
     """`{"payeeId":"4","beneficiaryId":"36"}` as `payeeId=4, beneficiaryId=36`."""
     try:
         return ", ".join(f"{k}={v}" for k, v in json.loads(key_json).items())
-    except (ValueError, AttributeError):
-        return key_json
+    except (ValueError, AttributeError, TypeError):
+        return str(key_json)
 
 
-def number(value: Decimal, places: int | None) -> str:
-    """A value with thousands separators, at `places` decimals (None: as exact as it is)."""
+def number(value: Decimal | int | float | str, places: int | None) -> str:
+    """A value with thousands separators, at `places` decimals (None: as exact as it is, no exponent)."""
+    try:
+        value = Decimal(str(value))
+    except InvalidOperation:
+        return str(value)
+    if not value.is_finite():
+        return str(value)
     if places is not None:
         value = value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
         return f"{value:,.{places}f}"
-    text = format(value.normalize(), "f") if value != value.to_integral_value() else str(int(value))
-    whole, _, frac = text.partition(".")
-    return f"{int(whole):,}" + (f".{frac}" if frac else "") if whole.lstrip("-").isdigit() else text
+    if value == value.to_integral_value():
+        return f"{int(value):,}"
+    whole, _, frac = format(value.normalize(), "f").partition(".")
+    sign = "-" if whole.startswith("-") else ""
+    return f"{sign}{int(whole.lstrip('-') or 0):,}.{frac}"
 
 
-def aggregate_places(rule: Rule) -> int | None:
-    """Decimals an aggregate is shown with: counts as integers, amounts (also averages) at their scale."""
+def money(value: Decimal | int | float | str) -> str:
+    """An amount at 2 places: `72,925.74`."""
+    return number(value, NUMERIC_FIELDS["paymentAmount"])
+
+
+def iso_time(ms: int | float | None) -> str:
+    """Epoch milliseconds as an ISO timestamp in UTC with milliseconds: `2024-01-31T12:00:00.250Z`."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
+
+
+def aggregate_places(rule: Rule) -> int:
+    """Decimals an aggregate is shown with: counts as integers, amounts at their scale, averages of counts at 2."""
     if rule.field in COUNT_FIELDS or rule.unique:
-        return 0
+        return AVG_PLACES if rule.aggregator == "AVG" and not rule.unique else 0
     return NUMERIC_FIELDS.get(rule.field, 0)
 
 
+def limit_places(rule: Rule) -> int | None:
+    """Decimals a limit is shown with: amounts at their scale (unless it has more), counts as given."""
+    if rule.field in COUNT_FIELDS or rule.unique:
+        return None
+    places = NUMERIC_FIELDS.get(rule.field, 0)
+    exponent = rule.limit.normalize().as_tuple().exponent
+    return places if isinstance(exponent, int) and -exponent <= places else None
+
+
+def condition_text(c: Condition) -> str:
+    """A filter term: `paymentAmount >= 5,000.00`, `paymentType in (CSH, CRD)`."""
+    places = NUMERIC_FIELDS.get(c.field)
+    values = [number(v, places) if places is not None else v for v in c.values]
+    if c.op in ("IN", "NOT_IN"):
+        return f"{c.field} {'in' if c.op == 'IN' else 'not in'} ({', '.join(values)})"
+    return f"{c.field} {FILTER_SYMBOLS[c.op]} {values[0]}"
+
+
+def aggregate_text(rule: Rule) -> str:
+    """What a window rule aggregates: `SUM(paymentAmount)`, `COUNT`, `COUNT(distinct beneficiaryId)`, with its
+    filter: `COUNT where paymentAmount >= 5,000.00`."""
+    if rule.unique:
+        what = "COUNT(distinct " + ", ".join(rule.unique) + ")"
+    elif rule.field in COUNT_FIELDS:
+        what = "COUNT since the last alert" if rule.field == RESET_FIELD else "COUNT"
+    else:
+        what = f"{rule.aggregator}({rule.field})"
+    if rule.filter:
+        what += " where " + " and ".join(condition_text(c) for c in rule.filter)
+    return what
+
+
 def window_message(rule: Rule, key_json: str, aggregate: str) -> str:
-    what = (
-        "COUNT(distinct " + ", ".join(rule.unique) + ")"
-        if rule.unique
-        else ("COUNT" if rule.field in COUNT_FIELDS else f"{rule.aggregator}({rule.field})")
-    )
+    """An alert's message: `SUM(paymentAmount) over 1 min for payeeId=4, beneficiaryId=36 = 72,999.92, limit >
+    40,000.00`; a value rounded for display is marked `~`."""
     places = aggregate_places(rule)
     value = Decimal(aggregate)
     shown = number(value, places)
-    approx = "~" if places is not None and value != Decimal(shown.replace(",", "")) else ""
+    approx = "~" if value != Decimal(shown.replace(",", "")) else ""
     return (
-        f"{what} over {rule.window_minutes} min for {key_label(key_json)} = {approx}{shown}, "
-        f"limit {SYMBOLS[rule.operator]} {number(rule.limit, None)}"
+        f"{aggregate_text(rule)} over {rule.window_minutes} min for {key_label(key_json)} = {approx}{shown}, "
+        f"limit {SYMBOLS[rule.operator]} {number(rule.limit, limit_places(rule))}"
+    )
+
+
+def rule_text(rule: Rule) -> str:
+    """A rule in one line: `SUM(paymentAmount) by payeeId, beneficiaryId over 1 min > 40,000.00`."""
+    if rule.state == "CONTROL":
+        return f"control command {rule.control_type}"
+    if rule.rule_type == LOGIN_RULE:
+        return (
+            f"{LOGIN_RULE}: >= {rule.min_failures} failed logins from >= {rule.min_distinct_ips} IPs, then a "
+            f"success from a new IP, within {rule.window_minutes} min (by userId)"
+        )
+    by = ", ".join(rule.grouping_key_names) or "everything"
+    return (
+        f"{aggregate_text(rule)} by {by} over {rule.window_minutes} min "
+        f"{SYMBOLS[rule.operator]} {number(rule.limit, limit_places(rule))}"
     )

@@ -1,31 +1,229 @@
-"""Live progress of the running queries: one line per micro-batch."""
+"""What the running job prints: each line labelled by its query, counts in transactions, times readable.
+
+- the stateful queries' sinks print a batch's alerts as soon as they have them (`batch_lines`) and add the
+  batch's transactions to `TALLIES`;
+- `ProgressPrinter` (a streaming query listener) says when a query starts, finishes its first micro-batch
+  (the slow one: Python workers and state stores start) and stops or fails;
+- the run loop prints, every few seconds, each stateful query's throughput in transactions
+  (`throughput_lines`), and `Ticker` shows that long waits (start-up, draining on Ctrl-C) are progressing.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
 from pyspark.sql.streaming import StreamingQueryListener
 
-from fraudrules.engine.sinks import Printer
+from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY
+from fraudrules.engine.messages import iso_time
+
+Printer = Callable[[str], None]
+STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
+UNITS = {EVALUATE_QUERY: "transactions", LOGINS_QUERY: "login events"}
+
+
+def seconds(ms: float | None) -> str:
+    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s`."""
+    if ms is None or ms != ms:  # None or NaN
+        return "-"
+    if ms < 1_000:
+        return f"{ms:,.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:,.1f} s"
+    minutes, rest = divmod(ms / 1000, 60)
+    return f"{minutes:.0f} min {rest:.0f} s"
+
+
+def events_of(query: str, heartbeat: Mapping[str, Any]) -> int:
+    """A stateful micro-batch's input in its own unit: transactions (window rules) or login events."""
+    value = heartbeat.get("transactions") if query == EVALUATE_QUERY else heartbeat.get("inputRows")
+    return int(value or 0)
+
+
+@dataclass
+class Tally:
+    """What one stateful query did since the last report."""
+
+    events: int = 0
+    alerts: int = 0
+    late: int = 0
+    batches: int = 0
+
+
+@dataclass
+class Tallies:
+    """Per query, the sinks' counts since the last `take` (sinks run on Spark's threads, the report on ours)."""
+
+    by_query: dict[str, Tally] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, query: str, events: int, alerts: int, late: int) -> None:
+        with self.lock:
+            t = self.by_query.setdefault(query, Tally())
+            t.events, t.alerts, t.late, t.batches = t.events + events, t.alerts + alerts, t.late + late, t.batches + 1
+
+    def take(self) -> dict[str, Tally]:
+        with self.lock:
+            taken, self.by_query = self.by_query, {}
+        return taken
+
+
+TALLIES = Tallies()  # what this process's stateful sinks report
+
+
+def _latency(heartbeat: Mapping[str, Any]) -> str:
+    p50, p99 = heartbeat.get("latencyP50Ms"), heartbeat.get("latencyP99Ms")
+    return f"; ingestion→alert p50 {seconds(p50)}, p99 {seconds(p99)}" if p50 is not None else ""
+
+
+def alert_line(alert: Any) -> str:
+    """One alert for the console: rule, the transaction (or user) and its event time, the message."""
+    who = f"tx {alert.transactionId}" if not pd.isna(alert.transactionId) else f"user {alert.userId}"
+    return f"  ALERT rule {alert.ruleId} · {who} at {iso_time(alert.eventTimeMs)} · {alert.message}"
+
+
+def first_per_key(alerts: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Up to `n` alerts, the first of each (rule, key) before any second one: a burst's alerts do not hide the
+    batch's other incidents."""
+    if alerts.empty:
+        return alerts
+    rank = alerts.groupby(["ruleId", "key"], sort=False, dropna=False).cumcount()
+    return alerts.assign(_rank=rank.to_numpy()).sort_values("_rank", kind="stable").head(n).drop(columns="_rank")
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def batch_lines(
+    query: str, batch_id: int, heartbeat: Mapping[str, Any], alerts: pd.DataFrame, show: int = 5
+) -> list[str]:
+    """A stateful micro-batch for the console (nothing when it had no alerts and no late events), counted in
+    `TALLIES`: a line with its counts and latency, then its first `show` alerts."""
+    events, late = events_of(query, heartbeat), int(heartbeat.get("lateEvents") or 0)
+    TALLIES.add(query, events, len(alerts), late)
+    if not len(alerts) and not late:
+        return []
+    unit = UNITS.get(query, "events")
+    counts = f"{plural(len(alerts), 'alert')} in {events:,} {unit}" + (f", {late:,} late" if late else "")
+    lines = [f"[{query}] batch {batch_id}: {counts}{_latency(heartbeat)}"]
+    lines += [alert_line(a) for a in first_per_key(alerts, show).itertuples()]
+    if len(alerts) > show:
+        per_rule = alerts["ruleId"].value_counts().sort_index()
+        rules = ", ".join(f"{r}: {n:,}" for r, n in per_rule.items())
+        lines.append(f"  … {len(alerts) - show:,} more; all {len(alerts):,} by rule: {rules}")
+    return lines
+
+
+def rules_in_force_lines(query: str, applied: list[Mapping[str, Any]]) -> list[str]:
+    """Rule versions a query evaluated for the first time (rule_applied rows) in one line, with the delay from
+    their change."""
+    timed = sorted((r for r in applied if r.get("delayMs") is not None), key=lambda r: (r["ruleId"], r["version"]))
+    if not timed:
+        return []
+    names = ", ".join(f"rule {r['ruleId']} v{r['version']}" for r in timed)
+    low, high = min(r["delayMs"] for r in timed), max(r["delayMs"] for r in timed)
+    span = seconds(low) if seconds(low) == seconds(high) else f"{seconds(low)} to {seconds(high)}"
+    return [f"[{query}] in force: {names} (first evaluated {span} after the change)"]
 
 
 class ProgressPrinter(StreamingQueryListener):
+    """Query lifecycle on the console, by query name; remembers batch durations for `throughput_lines`."""
+
     def __init__(self, printer: Printer = print):
         self.printer = printer
+        self.names: dict[str, str] = {}
+        self.started: dict[str, float] = {}
+        self.first_batch: dict[str, float] = {}
+        self.durations: dict[str, list[float]] = {}
+        self.failed: dict[str, str] = {}
+        self.lock = threading.Lock()
 
     def onQueryStarted(self, event) -> None:
-        self.printer(f"[{event.name}] started (id {event.id})")
+        name = event.name or str(event.id)
+        with self.lock:
+            self.names[str(event.id)] = name
+            self.started[name] = time.monotonic()
+        self.printer(f"[{name}] started")
 
     def onQueryProgress(self, event) -> None:
         p = event.progress
-        if p.numInputRows == 0:
-            return
-        wm = p.eventTime.get("watermark", "-") if p.eventTime else "-"
-        self.printer(
-            f"[{p.name}] batch {p.batchId}: {p.numInputRows} rows in {p.batchDuration} ms "
-            f"({p.processedRowsPerSecond:,.0f} rows/s), watermark {wm}"
-        )
+        name = p.name or str(p.id)
+        with self.lock:
+            self.durations.setdefault(name, []).append(float(p.batchDuration))
+            first = name not in self.first_batch
+            if first:
+                self.first_batch[name] = time.monotonic()
+        if first and name in STATEFUL:
+            self.printer(f"[{name}] first micro-batch done in {seconds(p.batchDuration)} (incl. start-up)")
 
     def onQueryIdle(self, event) -> None:
         pass
 
     def onQueryTerminated(self, event) -> None:
-        self.printer(f"[query {event.id}] stopped" + (f": {event.exception}" if event.exception else ""))
+        name = self.names.get(str(event.id), str(event.id))
+        if event.exception:
+            first_line = str(event.exception).strip().splitlines()[0] if str(event.exception).strip() else "error"
+            with self.lock:
+                self.failed[name] = first_line
+            self.printer(f"[{name}] FAILED: {first_line}")
+        else:
+            self.printer(f"[{name}] stopped")
+
+    def waiting_for_first_batch(self, names: list[str]) -> list[str]:
+        with self.lock:
+            return [n for n in names if n not in self.first_batch]
+
+    def take_durations(self) -> dict[str, list[float]]:
+        with self.lock:
+            taken, self.durations = self.durations, {}
+        return taken
+
+
+def throughput_lines(tallies: Mapping[str, Tally], durations: Mapping[str, list[float]], period_s: float) -> list[str]:
+    """Per stateful query, what it did in the last `period_s`: input in its unit and per second, alerts, and
+    how long its micro-batches took."""
+    lines = []
+    for query in STATEFUL:
+        t, times = tallies.get(query), durations.get(query, [])
+        if t is None and not times:
+            continue
+        t = t or Tally()
+        unit = UNITS[query]
+        took = f"; micro-batches took {seconds(float(np.median(times)))} (median of {len(times)})" if times else ""
+        late = f", {t.late:,} late" if t.late else ""
+        lines.append(
+            f"[{query}] last {period_s:.0f} s: {t.events:,} {unit} ({t.events / period_s:,.0f}/s), "
+            f"{plural(t.alerts, 'alert')}{late}{took}"
+        )
+    return lines
+
+
+@contextmanager
+def ticker(
+    printer: Printer, what: str, every_s: float = 5.0, status: Callable[[], str] | None = None
+) -> Iterator[None]:
+    """Print `what…` now, then every `every_s` while the block runs the time spent (and `status()`, if given),
+    so that a long wait is visibly progressing."""
+    printer(f"{what}…")
+    started, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            extra = status() if status else ""
+            printer(f"  … {time.monotonic() - started:.0f} s{': ' + extra if extra else ''}")
+
+    thread = threading.Thread(target=tick, name="ticker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -1,9 +1,11 @@
 """The job in the foreground (`fraudrules run`): every query until Ctrl-C/SIGTERM, a time limit, the end of
 the input (available-now) or a failed query.
 
-Stopping lets in-flight micro-batches finish first, so nothing is interrupted mid-commit. A failed query ends
-the run with its error, so that whatever supervises the process (Databricks' continuous trigger, the local
-supervisor) restarts it; it resumes from the checkpoints.
+Stopping lets in-flight micro-batches finish first, so nothing is interrupted mid-commit (a second Ctrl-C stops
+at once: an interrupted batch is redone on restart). Long waits show their progress: the first micro-batches
+(Python workers and state stores start) and the drain. A failed query ends the run with its error, so that
+whatever supervises the process (Databricks' continuous trigger, the local supervisor) restarts it; it resumes
+from the checkpoints.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from pyspark.sql import SparkSession
 
 from fraudrules import tables
 from fraudrules.config import JobConfig
-from fraudrules.engine import job
+from fraudrules.engine import job, progress
+from fraudrules.engine.messages import rule_text
 from fraudrules.engine.progress import ProgressPrinter
 from fraudrules.engine.sinks import Printer
 from fraudrules.rules import store
 from fraudrules.rules.model import load_rules_file
+
+DRAIN_S = 60.0  # how long a stop waits for the micro-batches in progress
+TICK_S = 5.0  # progress of a long wait, this often
+REPORT_S = 10.0  # throughput of the stateful queries, this often
 
 
 class Writer(Protocol):
@@ -35,10 +42,29 @@ class Writer(Protocol):
 
 def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = print) -> None:
     """Create missing tables; an empty rules table gets the rules of `rules_file` (if given)."""
-    tables.ensure(spark, cfg)
+    created = tables.ensure(spark, cfg)
+    if created:
+        printer(f"created {len(created)} tables: {', '.join(created)}")
     if rules_file and not store.current(spark, cfg):
-        store.upsert(spark, cfg, load_rules_file(rules_file), author="fraudrules run")
-        printer(f"loaded rules from {rules_file}")
+        rules = load_rules_file(rules_file)
+        store.upsert(spark, cfg, rules, author="fraudrules run")
+        printer(f"loaded {len(rules)} rules from {rules_file}:")
+        for rule in rules:
+            printer(f"  rule {rule.rule_id}: {rule_text(rule)}")
+
+
+class Stop:
+    """Ctrl-C / SIGTERM: the first asks the run to stop after the batches in progress, the second to hurry."""
+
+    def __init__(self) -> None:
+        self.requested, self.hurry = threading.Event(), threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._signal)
+
+    def _signal(self, *_: object) -> None:
+        if self.requested.is_set():
+            self.hurry.set()
+        self.requested.set()
 
 
 def run(
@@ -48,29 +74,110 @@ def run(
     seconds: float = 0.0,
     printer: Printer = print,
 ) -> BaseException | None:
-    """Run the job (and start `writers`, the demo generator) until it is told to stop; the failed query's error,
-    if one failed."""
-    stopping = threading.Event()  # Ctrl-C / SIGTERM ask the loop below to stop; no exception mid-call into the JVM
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopping.set())
-    spark.streams.addListener(ProgressPrinter(printer))
-    running = job.start(spark, cfg, printer=printer)
-    for writer in writers:
+    """Run the job (and start `writers`, the demo generator) until it is told to stop; the error of a query
+    (or committer) that failed, if one did."""
+    stop = Stop()  # no exception mid-call into the JVM: the loops below look at it
+    listener = ProgressPrinter(printer)
+    spark.streams.addListener(listener)
+    for writer in writers:  # first: the queries' first micro-batch already holds input
         writer.start()
-    deadline = time.time() + seconds if seconds else None
-    failed: list[BaseException] = []
     try:
-        while not stopping.is_set() and all(q.isActive for q in running.queries):
-            if deadline is not None and time.time() >= deadline:
-                break
-            stopping.wait(1)
-        while cfg.available_now and not stopping.is_set() and any(q.isActive for q in running.queries):
-            time.sleep(0.5)  # the other queries finish their input
-        printer("\nstopping…")
+        running = job.start(spark, cfg, printer=printer)
+    except BaseException:
+        _stop_writers(writers)
+        raise
+    reason = "stopping"
+    try:
+        reason = watch(running, listener, cfg, stop, seconds, printer)
     finally:
-        for writer in writers:
-            writer.stop()
-        failed = [q.exception() for q in running.queries if not q.isActive and q.exception()]
+        _stop_writers(writers)
+        failed = failure(running)
+        printer(f"{reason}…" if failed else f"{reason}: micro-batches in progress finish (Ctrl-C again: at once)…")
         spark.sparkContext.setLogLevel("FATAL")  # a batch still running after the drain is interrupted: not an error
-        running.stop(drain_s=0 if failed else 60)  # the generators are stopped: in-flight batches finish first
-    return failed[0] if failed else None
+        drain(running, stop, 0 if failed else DRAIN_S, printer)
+        spark.streams.removeListener(listener)
+    return failed or failure(running)
+
+
+def _stop_writers(writers: Sequence[Writer]) -> None:
+    for writer in writers:
+        writer.stop()
+
+
+def watch(
+    running: job.Job, listener: ProgressPrinter, cfg: JobConfig, stop: Stop, seconds: float, printer: Printer
+) -> str:
+    """Until a stop, the time limit, a failed query or (available-now) the end of the input, which it returns:
+    the wait for the first micro-batches, then every REPORT_S the stateful queries' throughput."""
+    started = time.monotonic()
+    deadline = started + seconds if seconds else None
+    stateful = [name for name in running.by_name if name in progress.STATEFUL]
+    printer(f"waiting for the first micro-batches of {', '.join(stateful)} (Python workers and state stores start)")
+    last_tick = last_report = started
+    waiting = stateful
+    while True:
+        if reason := _ended(running, cfg, stop, deadline):
+            return reason
+        stop.requested.wait(1)
+        now = time.monotonic()
+        still = listener.waiting_for_first_batch(stateful)
+        if still and now - last_tick >= TICK_S:
+            printer(f"  … {now - started:.0f} s: first micro-batch of {', '.join(still)} still running")
+            last_tick = now
+        elif waiting and not still:  # the first batches are in: report from here on
+            progress.TALLIES.take()
+            listener.take_durations()
+            last_report = now
+        elif not still and now - last_report >= REPORT_S:
+            for line in progress.throughput_lines(
+                progress.TALLIES.take(), listener.take_durations(), now - last_report
+            ):
+                printer(line)
+            last_report = now
+        waiting = still
+
+
+def _ended(running: job.Job, cfg: JobConfig, stop: Stop, deadline: float | None) -> str | None:
+    """Why the run should stop now, if it should."""
+    if stop.requested.is_set():
+        return "stopping"
+    if failure(running) is not None:
+        return "a query failed: stopping the others"
+    active = [q.isActive for q in running.queries]
+    if cfg.available_now and not any(active):
+        return "the input is processed: stopping"
+    if not cfg.available_now and not all(active):
+        return "a query stopped: stopping the others"
+    if deadline is not None and time.monotonic() >= deadline:
+        return "time is up: stopping"
+    return None
+
+
+def drain(running: job.Job, stop: Stop, drain_s: float, printer: Printer) -> None:
+    """Stop every query, giving each up to `drain_s` to finish its micro-batch (none after a second Ctrl-C),
+    then commit what the committers hold; prints what it is waiting for meanwhile."""
+    stopper = threading.Thread(target=running.stop, kwargs={"drain_s": drain_s}, name="drain", daemon=True)
+    started = last_tick = time.monotonic()
+    stopper.start()
+    hurried = False
+    while stopper.is_alive():
+        stopper.join(timeout=1.0)
+        if stop.hurry.is_set() and not hurried:
+            hurried = True
+            printer("  stopping at once: micro-batches in progress are redone on the next start")
+            for q in running.queries:
+                if q.isActive:
+                    q.stop()
+        now = time.monotonic()
+        if stopper.is_alive() and now - last_tick >= TICK_S:
+            last_tick, elapsed = now, now - started
+            busy = [name for name, q in running.by_name.items() if q.isActive and q.status["isTriggerActive"]]
+            what = f"{', '.join(busy)} finishing a micro-batch" if busy else "committing results to Delta"
+            printer(f"  … {elapsed:.0f} s: {what}")
+
+
+def failure(running: job.Job) -> BaseException | None:
+    """The error of a query that died, or of a committer that could not write to Delta."""
+    errors = [q.exception() for q in running.queries if not q.isActive and q.exception() is not None]
+    errors += [c.error for c in running.committers if c.error is not None]
+    return errors[0] if errors else None

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from fraudrules import tables
 from fraudrules.config import RULES_QUERY, JobConfig
+from fraudrules.engine import progress
 from fraudrules.engine.ingest import valid
 from fraudrules.engine.sources import client_options
 from fraudrules.rules import store
@@ -250,11 +251,9 @@ class Committer(threading.Thread):
                 }
             )
             self.reported.add((int(rule_id), int(version)))
-            if self.printer and delay is not None:
-                self.printer(
-                    f"[rules] rule {rule_id} v{version} in force: first event evaluated "
-                    f"{delay / 1000:.1f} s after the change"
-                )
+        if self.printer:
+            for line in progress.rules_in_force_lines(self.query, records):
+                self.printer(line)
         self.ledger("rule_applied").append(
             self.spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]), batch_id
         )
@@ -388,11 +387,9 @@ class ResultSink:
             },
         )
         self.committer.wake.set()
-        if self.printer and (len(alerts) or len(late)):
-            lat = f"; ingestion→alert p50 {p50:,.0f} ms, p99 {p99:,.0f} ms" if p50 is not None else ""
-            self.printer(f"[{self.query}] batch {batch_id}: {len(alerts)} alerts, {len(late)} late{lat}")
-            for r in alerts.head(self.show).itertuples():
-                self.printer(f"  ALERT {r.alertId}: {r.message}")
+        if self.printer:
+            for line in progress.batch_lines(self.query, batch_id, heartbeat, alerts, self.show):
+                self.printer(line)
 
 
 class IngestSink:

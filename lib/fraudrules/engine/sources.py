@@ -23,6 +23,7 @@ from pyspark.sql.streaming import DataStreamReader
 
 from fraudrules.config import JobConfig
 from fraudrules.engine.ingest import RAW_COLUMNS
+from fraudrules.paths import escape_glob, is_glob, is_remote
 
 # Rule change sources are "topic-partition:offset" with the offset zero-padded: text order = offset order.
 OFFSET_DIGITS = 20
@@ -37,12 +38,12 @@ def raw_transactions(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 def raw_logins(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     if cfg.source == "kafka":
         return kafka_source(spark, cfg, cfg.kafka_logins_topic)
-    os.makedirs(cfg.logins_landing, exist_ok=True)
     return file_source(spark, cfg.logins_landing, cfg.max_files_per_trigger)
 
 
-def file_source(spark: SparkSession, folder: str, max_files: int | None = None) -> DataFrame:
-    """JSON-lines files, one record per line, with (file, line) positions.
+def file_source(spark: SparkSession, path: str, max_files: int | None = None) -> DataFrame:
+    """JSON-lines files, one record per line, with (file, line) positions: the files of a folder (created when
+    missing: a landing folder may not have received its first file yet), one file, or a glob's matches.
 
     Files are read whole (`wholetext`) so that line numbers survive: a streaming plan cannot number
     rows any other way.
@@ -50,12 +51,15 @@ def file_source(spark: SparkSession, folder: str, max_files: int | None = None) 
     reader = spark.readStream
     if max_files:
         reader = reader.option("maxFilesPerTrigger", str(max_files))
-    if os.path.isfile(folder):  # the file source reads folders: watch the file's folder for that name only
-        reader = reader.option("pathGlobFilter", os.path.basename(folder))
-        folder = os.path.dirname(os.path.abspath(folder))
-    elif "://" not in folder:
-        os.makedirs(folder, exist_ok=True)  # a landing folder may not have received its first file yet
-    files = reader.text(folder, wholetext=True).select(
+    if is_remote(path) or is_glob(path):
+        watched = path  # the file source expands globs itself, at every micro-batch
+    elif os.path.isfile(path):  # the file source reads folders: watch the file's folder for that name only
+        reader = reader.option("pathGlobFilter", escape_glob(os.path.basename(path)))
+        watched = os.path.dirname(os.path.abspath(path))
+    else:
+        os.makedirs(path, exist_ok=True)
+        watched = path
+    files = reader.text(watched, wholetext=True).select(
         "value",
         (F.unix_millis(F.col("_metadata.file_modification_time"))).alias("srcTime"),
         F.col("_metadata.file_path").alias("srcName"),

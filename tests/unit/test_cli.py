@@ -1,0 +1,154 @@
+"""The command line's contract without Spark: help everywhere, defaults per command, invalid values and unusable
+paths rejected with a one-line error and exit status 2 before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from fraudrules import __version__, cli, logs
+
+FIXTURE_RULES = "tests/fixtures/rules.json"
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_option_of_every_command_has_help():
+    missing = [
+        f"{name} {'/'.join(action.option_strings) or action.dest}"
+        for name, command in subcommands().items()
+        for action in command._actions
+        if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()
+    ]
+    assert missing == []
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"fraudrules {__version__}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run"], ["export", "alerts", "--out", "a.jsonl"], ["rules", "list"], ["rules", "pause", "1"], ["quality"]],
+)
+def test_commands_on_the_local_tables_default_to_data(argv):
+    """One subcommand's defaults never leak into another's (argparse shares a parent's actions)."""
+    args = cli.parser().parse_args(argv)
+    assert args.data_dir == "data"
+    assert cli.parser().parse_args(["backtest", "--rules", "r", "--out", "o"]).data_dir is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--out", "d", "--count", "-5"],
+        ["generate", "--out", "d", "--count", "0"],
+        ["generate", "--out", "d", "--per-file", "0"],
+        ["run", "--rate", "-1"],
+        ["run", "--shards", "0"],
+        ["run", "--trigger-seconds", "0"],
+        ["run", "--seconds", "-3"],
+        ["run", "--kafka-option", "no-equals-sign"],
+        ["run", "--max-files-per-trigger", "0"],
+        ["backtest", "--rules", "r", "--out", "o", "--lateness-ms", "-1"],
+        ["status", "--p99-ms", "0"],
+        ["export", "nope", "--out", "o"],
+        ["rules", "frobnicate"],
+    ],
+)
+def test_invalid_values_are_rejected(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parser().parse_args(argv)
+    assert exit_.value.code == 2
+    assert "error: argument" in capsys.readouterr().err
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code: int, err: str, *expected: str) -> None:
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert all(text in err for text in expected), err
+
+
+def test_missing_inputs_end_a_backtest_before_spark_starts(tmp_path, capsys):
+    out = str(tmp_path / "a.jsonl")
+    code, _, err = run_main(capsys, "backtest", "--transactions", "nope.jsonl", "--rules", FIXTURE_RULES, "--out", out)
+    one_line_error(code, err, "--transactions nope.jsonl: no such file or folder")
+    code, _, err = run_main(
+        capsys, "backtest", "--logins", str(tmp_path / "l*.jsonl"), "--rules", FIXTURE_RULES, "--out", out
+    )
+    one_line_error(code, err, "--logins", "no readable file matches")
+    code, _, err = run_main(capsys, "backtest", "--transactions", str(tmp_path), "--rules", FIXTURE_RULES, "--out", out)
+    one_line_error(code, err, "folder holds no readable files")
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    code, _, err = run_main(
+        capsys, "backtest", "--transactions", str(tmp_path / "t.jsonl"), "--rules", "nope.json", "--out", out
+    )
+    one_line_error(code, err, "--rules nope.json: no such file")
+    code, _, err = run_main(capsys, "backtest", "--rules", FIXTURE_RULES, "--out", out)
+    one_line_error(code, err, "needs --transactions and/or --logins")
+    code, _, err = run_main(
+        capsys,
+        "backtest",
+        "--transactions",
+        str(tmp_path / "t.jsonl"),
+        "--rules",
+        FIXTURE_RULES,
+        "--out",
+        str(tmp_path),
+    )
+    one_line_error(code, err, "--out", "is a folder")
+
+
+def test_unusable_arguments_of_the_other_commands(tmp_path, capsys):
+    data = str(tmp_path)
+    code, _, err = run_main(capsys, "export", "alerts", "--out", str(tmp_path / "a.jsonl"), "--data-dir", data)
+    one_line_error(code, err, "no table alerts under", "make run")
+    code, _, err = run_main(capsys, "rules", "pause", "--data-dir", data)
+    one_line_error(code, err, "rules pause needs a rule id")
+    code, _, err = run_main(capsys, "rules", "history", "one", "--data-dir", data)
+    one_line_error(code, err, "rule id 'one' is not an integer")
+    code, _, err = run_main(capsys, "rules", "put", "nope.json", "--data-dir", data)
+    one_line_error(code, err, "rules put nope.json: no such file")
+    code, _, err = run_main(capsys, "run", "--rules", "nope.json", "--data-dir", data)
+    one_line_error(code, err, "--rules nope.json: no such file")
+    code, _, err = run_main(capsys, "run", "--transactions", str(tmp_path / "missing" / "*.json"), "--data-dir", data)
+    one_line_error(code, err, "no such folder")
+    code, _, err = run_main(capsys, "status", "--facts", "nope.json")
+    one_line_error(code, err, "--facts nope.json: no such file")
+
+
+def test_an_invalid_log_level_is_a_usage_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv(logs.ENV, "LOUD")
+    code, _, err = run_main(capsys, "status", "--data-dir", str(tmp_path))
+    one_line_error(code, err, "FRAUDRULES_LOG_LEVEL='LOUD' is not a log level")
+
+
+def test_verbose_brings_spark_warnings_back(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv(logs.ENV, "ERROR")  # restored after the test, as main() sets it
+    assert logs.quiet()
+    code, out, _ = run_main(capsys, "status", "--verbose", "--data-dir", str(tmp_path))
+    assert code == 0 and json.loads(out)
+    assert logs.level() == "WARN" and not logs.quiet()
+    monkeypatch.setenv(logs.ENV, "debug")
+    logs.set_verbose()  # a more verbose level stays
+    assert logs.level() == "DEBUG"
+
+
+def test_generate_writes_the_workload(tmp_path, capsys):
+    code, out, _ = run_main(capsys, "generate", "--out", str(tmp_path / "w"), "--count", "120", "--per-file", "50")
+    assert code == 0 and out.strip() == f"wrote 120 transactions to {tmp_path / 'w'} (3 files)"
+    lines = [json.loads(x) for f in sorted((tmp_path / "w").iterdir()) for x in f.read_text().splitlines()]
+    assert [t["transactionId"] for t in lines] == list(range(1, 121))

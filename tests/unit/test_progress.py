@@ -1,0 +1,72 @@
+"""What the running job prints, from the sinks' heartbeat and alerts (no Spark)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fraudrules.engine import progress
+
+ALERT_COLUMNS = ["ruleId", "key", "transactionId", "userId", "eventTimeMs", "message"]
+
+
+def alerts(*rows: tuple) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=ALERT_COLUMNS).astype({"transactionId": "Int64", "userId": "Int64"})
+
+
+def heartbeat(**values) -> dict:
+    return {"transactions": 0, "inputRows": 0, "lateEvents": 0, "latencyP50Ms": None, "latencyP99Ms": None, **values}
+
+
+def test_a_batch_without_alerts_prints_nothing_but_is_counted():
+    progress.TALLIES.take()
+    assert progress.batch_lines("evaluate", 3, heartbeat(transactions=212), alerts()) == []
+    assert progress.batch_lines("detect_logins", 3, heartbeat(inputRows=20), alerts()) == []
+    taken = progress.TALLIES.take()
+    assert (taken["evaluate"].events, taken["evaluate"].batches) == (212, 1)
+    assert taken["detect_logins"].events == 20  # login events: the keyed rows of the detector
+
+
+def test_a_batch_with_alerts_shows_one_alert_per_key_first():
+    burst = [(1, '{"payeeId":"4"}', 100 + i, None, 1_700_000_000_000, f"COUNT = {3 + i}") for i in range(6)]
+    other = (5, '{"payeeId":"9"}', 200, None, 1_700_000_000_250, "SUM = 45,000.00")
+    login = (100, '{"userId":"7"}', None, 7, 1_700_000_000_500, "user 7: 3 failed logins")
+    lines = progress.batch_lines(
+        "evaluate",
+        7,
+        heartbeat(transactions=1043, latencyP50Ms=850.0, latencyP99Ms=1430.0),
+        alerts(*burst, other, login),
+    )
+    assert lines[0] == "[evaluate] batch 7: 8 alerts in 1,043 transactions; ingestion→alert p50 850 ms, p99 1.4 s"
+    assert lines[1] == "  ALERT rule 1 · tx 100 at 2023-11-14T22:13:20.000Z · COUNT = 3"
+    assert lines[2] == "  ALERT rule 5 · tx 200 at 2023-11-14T22:13:20.250Z · SUM = 45,000.00"
+    assert lines[3] == "  ALERT rule 100 · user 7 at 2023-11-14T22:13:20.500Z · user 7: 3 failed logins"
+    assert lines[4:6] == [
+        "  ALERT rule 1 · tx 101 at 2023-11-14T22:13:20.000Z · COUNT = 4",
+        "  ALERT rule 1 · tx 102 at 2023-11-14T22:13:20.000Z · COUNT = 5",
+    ]
+    assert lines[-1] == "  … 3 more; all 8 by rule: 1: 6, 5: 1, 100: 1"
+    assert len(lines) == 7
+
+
+def test_throughput_in_transactions_per_second():
+    tallies = {"evaluate": progress.Tally(events=2_000, alerts=1, batches=9)}
+    lines = progress.throughput_lines(tallies, {"evaluate": [900.0, 1100.0, 1000.0]}, 10.0)
+    assert lines == [
+        "[evaluate] last 10 s: 2,000 transactions (200/s), 1 alert; micro-batches took 1.0 s (median of 3)"
+    ]
+    assert progress.throughput_lines({}, {}, 10.0) == []
+
+
+def test_rules_in_force_in_one_line():
+    applied = [
+        {"ruleId": 5, "version": 2, "delayMs": 1_250},
+        {"ruleId": 1, "version": 1, "delayMs": 3_000},
+        {"ruleId": 9, "version": 1, "delayMs": None},
+    ]
+    assert progress.rules_in_force_lines("evaluate", applied) == [
+        "[evaluate] in force: rule 1 v1, rule 5 v2 (first evaluated 1.2 s to 3.0 s after the change)"
+    ]
+
+
+def test_durations():
+    assert [progress.seconds(v) for v in (None, 850, 1_430, 125_000)] == ["-", "850 ms", "1.4 s", "2 min 5 s"]
