@@ -53,8 +53,9 @@ def real_backtest(root: Path) -> Path:
 
     3,000 transactions over ~20 minutes of event time (so the 1- and 5-minute windows retire events and the
     watermark matters) in one micro-batch, then a second one of records that each hit one quarantine reason,
-    which runs with the watermark the first one set; 600 login events over the same 20 minutes (attacks every
-    100 events, failures left open at the end) for the login detector (rule 100, next to the fixture's rules)."""
+    which runs with the watermark the first one set; 603 login events (the last of the attacks, every 100 events,
+    ends past the 600th) over the same 20 minutes, failures left open at the end, for the login detector (rule 100,
+    next to the fixture's rules)."""
     landing, logins = root / "landing", root / "logins"
     write_jsonl(str(landing), Workload(count=3000, events_per_second=2.5).transactions(), per_file=3000)
     write_jsonl(str(logins), LoginWorkload(count=600, events_per_second=0.5, attack_every=100).events(), per_file=600)
