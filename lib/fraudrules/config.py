@@ -47,7 +47,7 @@ class JobConfig:
     shuffle_partitions: int = 2  # partitions of the stateful stages; fixed per checkpoint
     lateness_ms: int = 60_000
     trigger_seconds: float = 0.1  # stateful queries: a micro-batch at most this often (back to back when busy)
-    background_trigger_seconds: float = 5.0  # rule changes and bronze ingest: fewer, larger Delta commits
+    background_trigger_seconds: float = 5.0  # rules, bronze ingest, results to Delta: fewer, larger commits
     available_now: bool = False
     max_files_per_trigger: int | None = None
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions

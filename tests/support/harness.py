@@ -40,7 +40,7 @@ class NoCache(Cache):
     def get(self, c: Chunk) -> Indexed | None:
         return None
 
-    def put(self, c: Chunk, ev) -> Indexed:
+    def put(self, c: Chunk, ev, blob: bytes) -> Indexed:
         return Indexed(ev)
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from fraudrules.engine import keying
 from fraudrules.engine.keying import Transactions
-from fraudrules.engine.messages import window_message
+from fraudrules.engine.messages import window_messages
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, ShardEvents, death_time
 from fraudrules.engine.windowing import Events, evaluate
@@ -118,7 +118,7 @@ def key_batch(
 def _event_rows(tx: Transactions, keyed_by: Rule, rows: np.ndarray, **values: object) -> pd.DataFrame:
     """Output rows about keyed transactions: their identity, key and rule, plus the given columns."""
     f = tx.frame
-    keys = [keying.key_text(keyed_by, keying.key_values(tx, keyed_by, int(r))) for r in rows]
+    keys = keying.key_texts(tx, keyed_by, rows)
     return pd.DataFrame(
         {
             "ruleId": keyed_by.rule_id,
@@ -200,7 +200,7 @@ def _alerts(tx: Transactions, keyed: Keyed, fired, rules: dict[int, Rule]) -> pd
         sel = fired_rules == rid
         rows = keyed.rows[fired.index[sel]]
         frame = _event_rows(tx, rule, rows, kind="alert", aggregate=aggregates[sel], rule=json.dumps(rule.to_json()))
-        frame["message"] = [window_message(rule, k, a) for k, a in zip(frame["key"], frame["aggregate"], strict=True)]
+        frame["message"] = window_messages(rule, list(frame["key"]), list(frame["aggregate"]))
         parts.append(frame)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 

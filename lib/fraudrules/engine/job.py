@@ -139,7 +139,7 @@ def query(
     if name == LOGINS_INGEST_QUERY:
         return ingest.parse_logins(raw_logins(spark, cfg)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
     if name in STATEFUL:
-        committer = Committer(spark, cfg, name, printer)
+        committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds)
         publish = (lambda alerts: publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
         sink = ResultSink(committer, publish, printer)
         if name == EVALUATE_QUERY:

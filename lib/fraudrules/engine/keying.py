@@ -178,8 +178,10 @@ def shard_of(g: np.ndarray, shards: int) -> np.ndarray:
     return (g.view(np.uint64) % np.uint64(shards)).astype(np.int64)
 
 
-def key_values(tx: Transactions, rule: Rule, row: int) -> tuple[int, ...]:
-    return tuple(int(tx.frame[n].iat[row]) for n in rule.grouping_key_names)
+def key_texts(tx: Transactions, rule: Rule, rows: np.ndarray) -> list[str]:
+    """`key_text` of the given transaction rows."""
+    columns = [tx.frame[n].to_numpy()[rows].tolist() for n in rule.grouping_key_names]
+    return [key_text(rule, values) for values in zip(*columns, strict=True)] if columns else ["{}"] * len(rows)
 
 
 def fan_out(tx: Transactions, rules: list[tuple[Rule, int]], shards: int) -> pd.DataFrame:
@@ -194,7 +196,7 @@ def fan_out(tx: Transactions, rules: list[tuple[Rule, int]], shards: int) -> pd.
                     "ruleVersion": rule.version,
                     "transactionId": tx.column("transactionId")[k.rows],
                     "eventTime": tx.column("eventTime")[k.rows],
-                    "key": [key_text(rule, key_values(tx, rule, int(r))) for r in k.rows],
+                    "key": key_texts(tx, rule, k.rows),
                     "shard": k.shard,
                 }
             )

@@ -97,14 +97,21 @@ def aggregate_text(rule: Rule) -> str:
 def window_message(rule: Rule, key_json: str, aggregate: str) -> str:
     """An alert's message: `SUM(paymentAmount) over 1 min for payeeId=4, beneficiaryId=36 = 72,999.92, limit >
     40,000.00`; a value rounded for display is marked `~`."""
+    return window_messages(rule, [key_json], [aggregate])[0]
+
+
+def window_messages(rule: Rule, keys: list[str], aggregates: list[str]) -> list[str]:
+    """`window_message` of one rule's alerts, the rule's own text built once."""
+    head = f"{aggregate_text(rule)} over {rule.window_minutes} min for "
+    tail = f", limit {SYMBOLS[rule.operator]} {number(rule.limit, limit_places(rule))}"
     places = aggregate_places(rule)
-    value = Decimal(aggregate)
-    shown = number(value, places)
-    approx = "~" if value != Decimal(shown.replace(",", "")) else ""
-    return (
-        f"{aggregate_text(rule)} over {rule.window_minutes} min for {key_label(key_json)} = {approx}{shown}, "
-        f"limit {SYMBOLS[rule.operator]} {number(rule.limit, limit_places(rule))}"
-    )
+    out = []
+    for key_json, aggregate in zip(keys, aggregates, strict=True):
+        value = Decimal(aggregate)
+        shown = number(value, places)
+        approx = "~" if value != Decimal(shown.replace(",", "")) else ""
+        out.append(f"{head}{key_label(key_json)} = {approx}{shown}{tail}")
+    return out
 
 
 def rule_text(rule: Rule) -> str:

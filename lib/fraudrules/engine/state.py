@@ -8,7 +8,7 @@ chunk whose rules stopped or changed is rewritten without them. The chunk catalo
 which chunks make up the shard, with per (rule, signature) spans for those decisions.
 
 The state store is the truth. Decoded chunks are also kept in this process and in a local cache
-directory (memory-mapped Arrow files, shared by all Python workers of the machine), both keyed by
+directory (the stored bytes, shared by all Python workers of the machine), both keyed by
 the chunk's id and tag, so a batch reads from the state store only what no cache holds. A tag names
 the write that made a chunk; a catalog never refers to a chunk by id alone, so a cache can be stale
 but never wrong.
@@ -29,14 +29,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from fraudrules.engine.windowing import FIELDS, I64_MAX, I64_MIN, Base, Events
+from fraudrules.engine.windowing import FIELDS, I64_MAX, I64_MIN, Base, Events, base_at, per_rule
 from fraudrules.rules.model import COUNT_FIELDS, Rule
 
 MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (each event is rewritten log4 n times)
 SIMILAR = 2  # sizes within this factor of the smallest are similar
 MAX_MERGED = 4_000_000  # events; bigger chunks are only dropped (when dead) or rewritten (rules gone)
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
-_SCHEMA = pa.schema([(f, pa.int64()) for f in FIELDS])
 _STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
 _NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 
@@ -162,17 +161,6 @@ def _ipc(table: pa.Table, options: pa.ipc.IpcWriteOptions | None) -> bytes:
     with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
-
-
-def write_mapped(ev: Events, path: str) -> None:
-    """A chunk as a local cache file: plain int64 columns, memory-mapped as they are."""
-    with open(path, "wb") as fh:
-        fh.write(_ipc(pa.table(ev.columns(), schema=_SCHEMA), None))
-
-
-def read_mapped(path: str) -> Events:
-    table = pa.ipc.open_file(pa.memory_map(path)).read_all()
-    return Events(*(table.column(f).to_numpy() for f in FIELDS))
 
 
 @dataclass
@@ -313,7 +301,7 @@ class Backend(Protocol):
 
 
 class Cache:
-    """Decoded chunks of the shards this process served, and their memory-mapped files on local disk."""
+    """Decoded chunks of the shards this process served, and their stored bytes on local disk."""
 
     def __init__(self, namespace: str, shard: int, root: str | None = None):
         base = root or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "fraudrules-state-cache")
@@ -328,18 +316,21 @@ class Cache:
         if hit and hit[0] == c.tag:
             return hit[1]
         try:
-            chunk = Indexed(read_mapped(self._path(c)))
+            with open(self._path(c), "rb") as fh:
+                chunk = Indexed(decode(fh.read()))
         except (FileNotFoundError, pa.ArrowInvalid):
             return None
         self.loaded[c.id] = (c.tag, chunk)
         return chunk
 
-    def put(self, c: Chunk, ev: Events) -> Indexed:
+    def put(self, c: Chunk, ev: Events, blob: bytes) -> Indexed:
+        """Keep the decoded chunk, and its stored bytes on disk for the next process serving the shard."""
         chunk = Indexed(ev)
         self.loaded[c.id] = (c.tag, chunk)
         os.makedirs(self.dir, exist_ok=True)
         tmp = self._path(c) + f".{uuid.uuid4().hex}.tmp"
-        write_mapped(ev, tmp)
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
         os.replace(tmp, self._path(c))
         return chunk
 
@@ -384,7 +375,7 @@ class ShardEvents:
         if missing:
             for chunk_id, blob in self.backend.chunks():
                 if chunk_id in missing:
-                    self.parts[chunk_id] = self.cache.put(missing[chunk_id], decode(blob))
+                    self.parts[chunk_id] = self.cache.put(missing[chunk_id], decode(blob), blob)
             self.read_from_store = len(missing)
         if len(self.parts) != len(self.meta.chunks):
             raise RuntimeError(f"the shard's state lacks chunks {sorted(set(missing) - set(self.parts))}")
@@ -398,17 +389,21 @@ class ShardEvents:
     def base(self, new: Events, rules: dict[int, Rule]) -> Base:
         """What the retained events contribute to each new event's window: range queries per chunk, cost
         O(new events × chunks × log n) whatever the windows hold. Distinct counts are not combinable:
-        their new events get nothing here (see `gather`)."""
+        their new events get nothing here (see `gather`). The queries run in (group, time) order: sorted
+        needles make the binary searches cache-friendly."""
+        order = np.lexsort((new.t, new.g))
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return base_at(self._base(new.take(order), rules), back)
+
+    def _base(self, new: Events, rules: dict[int, Rule]) -> Base:
         out = Base.zeros(len(new))
-        window = np.array([rules[int(r)].window_ms for r in new.rule], dtype=np.int64)
-        plain = np.array([not rules[int(r)].unique for r in new.rule], dtype=bool)
+        window = per_rule(rules, new.rule, lambda r: r.window_ms, np.int64)
+        plain = per_rule(rules, new.rule, lambda r: not r.unique, bool)
         reset = self.resets.index(new.g, new.h2) if len(self.resets) else np.full(len(new), -1)
         horizon = np.where(reset >= 0, self.resets.horizon[reset], -1) if len(self.resets) else reset
         extremes = {
-            name: np.array(
-                [rules[int(r)].aggregator == name and rules[int(r)].field not in COUNT_FIELDS for r in new.rule],
-                dtype=bool,
-            )
+            name: per_rule(rules, new.rule, lambda r, n=name: r.aggregator == n and r.field not in COUNT_FIELDS, bool)
             for name in ("MIN", "MAX")
         }
         for c in self.meta.chunks:
@@ -462,13 +457,25 @@ class ShardEvents:
         if len(ev):
             chunks.append(self._write(ev.sorted()))
         while (run := _similar_tail(chunks)) >= MERGE_FANIN:
-            merged = Events.concat([self._live(c, bounds) for c in chunks[-run:]]).sorted()
+            merged = self._merged(chunks[-run:], bounds)
             for c in chunks[-run:]:
                 self._remove(c)
             chunks[-run:] = [self._write(merged)] if len(merged) else []
         self.meta.chunks = chunks
         oldest = min((c.id for c in chunks), default=self.meta.next_chunk)
         self.resets = self.resets.take(np.flatnonzero(self.resets.horizon > oldest))  # still hide something
+
+    def _merged(self, chunks: list[Chunk], bounds: Bounds) -> Events:
+        """The live events of sorted chunks as one sorted chunk. Each chunk is a sorted run, so a stable sort
+        by group (timsort merges the runs) is the whole sort unless a group's times interleave across chunks
+        (late arrivals) or hashes collide; then a full sort."""
+        ev = Events.concat([self.parts[c.id].ev for c in chunks])
+        live = np.flatnonzero(bounds.mask(ev) & ~self.resets.hidden(ev))
+        order = live[np.argsort(ev.g[live], kind="stable")]
+        g, h2, t = ev.g[order], ev.h2[order], ev.t[order]
+        same = g[1:] == g[:-1]
+        ordered = ~same | (h2[1:] > h2[:-1]) | ((h2[1:] == h2[:-1]) & (t[1:] >= t[:-1]))
+        return ev.take(order) if ordered.all() else ev.take(live).sorted()
 
     def _live(self, c: Chunk, bounds: Bounds) -> Events:
         ev = self.parts[c.id].ev
@@ -477,8 +484,9 @@ class ShardEvents:
     def _write(self, ev: Events) -> Chunk:
         c = Chunk(self.meta.next_chunk, uuid.uuid4().hex[:12], len(ev), spans_of(ev))
         self.meta.next_chunk += 1
-        self.backend.put_chunk(c.id, encode(ev))
-        self.parts[c.id] = self.cache.put(c, ev)
+        blob = encode(ev)
+        self.backend.put_chunk(c.id, blob)
+        self.parts[c.id] = self.cache.put(c, ev, blob)
         return c
 
     def _remove(self, c: Chunk) -> None:

@@ -13,6 +13,7 @@ integers scaled by the rule's decimal scale, so all arithmetic is exact. Nothing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 
@@ -124,6 +125,14 @@ def _terminates(den: int) -> bool:
     return den == 1
 
 
+def per_rule(rules: dict[int, Rule], ids: np.ndarray, value: Callable[[Rule], object], dtype: type) -> np.ndarray:
+    """`value(rule)` for each event's rule id, computed once per distinct rule."""
+    if len(ids) == 0:
+        return np.zeros(0, dtype=dtype)
+    distinct, at = np.unique(ids, return_inverse=True)
+    return np.array([value(rules[int(r)]) for r in distinct], dtype=dtype)[at]
+
+
 def group_codes(g: np.ndarray, h2: np.ndarray) -> np.ndarray:
     """Dense group ids for rows of (g, h2), numbered in (g, h2) order."""
     if len(g) == 0:
@@ -151,7 +160,7 @@ def evaluate(old: Events, new: Events, rules: dict[int, Rule], base: Base | None
     order = np.lexsort((work.seq, work.t, g))
     work, g, is_new, new_pos = work.take(order), g[order], is_new[order], new_pos[order]
 
-    window = np.array([rules[int(r)].window_ms for r in work.rule], dtype=np.int64) if len(work) else work.t
+    window = per_rule(rules, work.rule, lambda r: r.window_ms, np.int64)
     lo = _window_starts(g, work.t, window)
     hi = np.arange(len(work))
 
@@ -164,7 +173,7 @@ def evaluate(old: Events, new: Events, rules: dict[int, Rule], base: Base | None
     for rule_id in np.unique(rule_of_q):
         rule = rules[int(rule_id)]
         rq = q[rule_of_q == rule_id]
-        b = _base_at(base, new_pos[rq])
+        b = base_at(base, new_pos[rq])
         if rule.field == RESET_FIELD:
             pos, num, den = _count_with_reset(rule, rq, lo, g, is_new, last_fire, b.count)
         else:
@@ -213,7 +222,7 @@ def _window_starts(g: np.ndarray, t: np.ndarray, window: np.ndarray) -> np.ndarr
     return np.maximum(lo, group_start)
 
 
-def _base_at(base: Base, pos: np.ndarray) -> Base:
+def base_at(base: Base, pos: np.ndarray) -> Base:
     return Base(base.count[pos], base.total[pos], base.low[pos], base.high[pos])
 
 
