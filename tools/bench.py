@@ -39,40 +39,45 @@ DURATIONS = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit
 STATE_METRICS = ("rocksdbCommitFileSyncLatencyMs", "rocksdbPutLatency", "rocksdbGetLatency", "rocksdbLoadLatencyMs")
 
 
-class PeakRss(threading.Thread):
-    """Samples the summed RSS of this process and all its descendants."""
+class PeakMemory(threading.Thread):
+    """Samples the memory of this process and all its descendants: summed RSS (pages shared by the forked
+    Python workers counted in each) and PSS (shared pages split between their sharers: the real footprint)."""
 
     def __init__(self, interval_s: float = 0.5):
         super().__init__(daemon=True)
-        self.interval_s, self.peak, self._halt = interval_s, 0, threading.Event()
+        self.interval_s, self.rss, self.pss, self._halt = interval_s, 0, 0, threading.Event()
 
     def run(self) -> None:
         while not self._halt.wait(self.interval_s):
-            self.peak = max(self.peak, _tree_rss(os.getpid()))
+            rss, pss = _tree_memory(os.getpid())
+            self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
 
-    def stop(self) -> int:
+    def stop(self) -> str:
         self._halt.set()
-        return self.peak
+        return f"PSS {self.pss / 2**20:,.0f} MiB (summed RSS {self.rss / 2**20:,.0f} MiB)"
 
 
-def _tree_rss(root: int) -> int:
+def _tree_memory(root: int) -> tuple[int, int]:
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as fh:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/statm") as fh:
-                rss[int(pid)] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(pid))
-    total, stack = 0, [root]
+    rss = pss = 0
+    stack = [root]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0)
         stack.extend(children.get(pid, []))
-    return total
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                kib = {line.split(":")[0]: int(line.split()[1]) for line in fh if line[:4] in ("Rss:", "Pss:")}
+        except (OSError, ValueError, IndexError):
+            continue
+        rss, pss = rss + kib.get("Rss", 0) * 1024, pss + kib.get("Pss", 0) * 1024
+    return rss, pss
 
 
 def bench_rules(window_factor: int = 1) -> list[Rule]:
@@ -194,7 +199,7 @@ def latency(spark, root: str, rate: float, seconds: float, logins: bool) -> list
         )
     for w in writers:
         w.start()
-    time.sleep(10)  # warm-up, not measured
+    _caught_up(running)
     since = int(time.time() * 1000)
     time.sleep(seconds / 2)
     change = bench_rules()[0]
@@ -238,6 +243,18 @@ def latency(spark, root: str, rate: float, seconds: float, logins: bool) -> list
     ]
 
 
+def _caught_up(running: job.Job, timeout_s: float = 90.0) -> None:
+    """Warm-up, not measured: until the evaluation keeps pace (three micro-batches in a row under 1 s after the
+    first ones, which start the workers and read the backlog that piled up meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    time.sleep(10)
+    while time.monotonic() < deadline:
+        recent = running.evaluate.recentProgress[-3:]
+        if len(recent) == 3 and all(p.durationMs["triggerExecution"] < 1_000 for p in recent):
+            return
+        time.sleep(1)
+
+
 def _empty_batches(running: job.Job, cfg: JobConfig, count: int = 5) -> str:
     """Micro-batches that read a file with no records: what a batch costs by itself."""
     before = {p.batchId for p in running.evaluate.recentProgress}
@@ -254,14 +271,15 @@ def _empty_batches(running: job.Job, cfg: JobConfig, count: int = 5) -> str:
 def main(root: str, mode: str, count: int, rate: float, seconds: float) -> None:
     """Run the chosen modes, printing each one's figures as soon as it has them."""
     spark = get_spark("fraudrules-bench")
-    rss = PeakRss()
-    rss.start()
+    memory = PeakMemory()
+    memory.start()
     print(
         f"fraudrules bench on {os.cpu_count()} cores (local[2], {JobConfig().shards} shards, RocksDB state store), "
         f"{time.strftime('%Y-%m-%d')}",
         flush=True,
     )
     if mode in ("all", "throughput"):
+        throughput(spark, root, count // 4)  # JIT warm-up, not reported: the two measured runs start alike
         lines, base = throughput(spark, root, count)
         print("\n".join(lines), flush=True)
         lines, wide = throughput(spark, root, count, window_factor=60)
@@ -270,7 +288,7 @@ def main(root: str, mode: str, count: int, rate: float, seconds: float) -> None:
     if mode in ("all", "latency"):
         print("\n".join(latency(spark, root, rate, seconds, logins=False)), flush=True)
         print("\n".join(latency(spark, root, rate, seconds, logins=True)), flush=True)
-    print(f"peak memory (driver + JVM + Python workers, RSS): {rss.stop() / 2**20:,.0f} MiB", flush=True)
+    print(f"peak memory (driver + JVM + Python workers): {memory.stop()}", flush=True)
     spark.stop()
 
 

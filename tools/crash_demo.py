@@ -469,7 +469,7 @@ def main(
             broker = start_local_broker(os.path.join(root, "kafka"))
             demo.produce(broker.bootstrap)
         report = Report(kills=demo.crash_loop(kills, rng_seed=seed))
-        spark = get_spark("fraudrules-crash-demo", shuffle_partitions=2)
+        spark = get_spark("fraudrules-crash-demo")
         try:
             demo.compare(spark, report)
         finally:

@@ -360,9 +360,17 @@ def _engine_parent() -> argparse.ArgumentParser:
     """Settings fixed for the life of a checkpoint, which every command reading the state must share."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
-        "--shards", type=positive_int, default=2, help="state groups of the stateful stages (best: one per partition)"
+        "--shards",
+        type=positive_int,
+        default=JobConfig.shards,
+        help="state groups of the stateful stages (best: one per partition)",
     )
-    p.add_argument("--shuffle-partitions", type=positive_int, default=2, help="partitions of the stateful stages")
+    p.add_argument(
+        "--shuffle-partitions",
+        type=positive_int,
+        default=JobConfig.shuffle_partitions,
+        help="partitions of the stateful stages (one per core they may use)",
+    )
     p.add_argument(
         "--lateness-ms", type=non_negative_int, default=60_000, help="allowed lateness of the watermark (ms)"
     )

@@ -18,6 +18,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from fraudrules import logs
+from fraudrules.config import JobConfig
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -38,7 +39,7 @@ def local_jars() -> list[str]:
     return jars
 
 
-def get_spark(app: str = "fraudrules", shuffle_partitions: int = 2) -> SparkSession:
+def get_spark(app: str = "fraudrules", shuffle_partitions: int = JobConfig.shuffle_partitions) -> SparkSession:
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from delta.tables import DeltaTable
@@ -66,6 +68,10 @@ SCHEMAS: dict[str, str] = {
 def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
     """Create the named tables (by default the job's) that do not exist yet; returns their names."""
     missing = [n for n in names or JOB_TABLES if not exists(spark, cfg, n)]
+    if not cfg.uses_catalog:
+        for name in missing:
+            first_commit(cfg.table(name), spark.createDataFrame([], SCHEMAS[name]).schema.json())
+        return missing
     with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
         list(pool.map(lambda name: _create(spark, cfg, name), missing))
     return missing
@@ -77,9 +83,40 @@ def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
     return os.path.isdir(os.path.join(cfg.table(name), "_delta_log"))
 
 
+def first_commit(path: str, schema_json: str) -> None:
+    """Create a path table: its version 0 as `CREATE TABLE` writes it (protocol 1/2, the schema, no
+    partitions or properties), without the Spark job and Delta transaction that cost ~1 s per table. If
+    another writer created the table first, theirs stands."""
+    log = os.path.join(path, "_delta_log")
+    os.makedirs(log, exist_ok=True)
+    now = int(time.time() * 1000)
+    actions = [
+        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True}},
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {
+            "metaData": {
+                "id": str(uuid.uuid4()),
+                "format": {"provider": "parquet", "options": {}},
+                "schemaString": schema_json,
+                "partitionColumns": [],
+                "configuration": {},
+                "createdTime": now,
+            }
+        },
+    ]
+    tmp = os.path.join(log, f".{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(a) + "\n" for a in actions))
+    try:
+        os.link(tmp, os.path.join(log, f"{0:020d}.json"))  # atomic, and never over an existing version 0
+    except FileExistsError:
+        pass
+    finally:
+        os.remove(tmp)
+
+
 def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
-    builder = DeltaTable.createIfNotExists(spark)
-    builder = builder.tableName(cfg.table(name)) if cfg.uses_catalog else builder.location(cfg.table(name))
+    builder = DeltaTable.createIfNotExists(spark).tableName(cfg.table(name))
     for field in spark.createDataFrame([], SCHEMAS[name]).schema.fields:
         builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
     builder.execute()
