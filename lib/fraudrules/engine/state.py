@@ -34,7 +34,7 @@ from fraudrules.rules.model import COUNT_FIELDS, Rule
 
 MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (each event is rewritten log4 n times)
 SIMILAR = 2  # sizes within this factor of the smallest are similar
-MAX_MERGED = 4_000_000  # events; bigger chunks are only dropped (when dead) or rewritten (rules gone)
+MAX_MERGED = 500_000  # events: bounds the merge work in one micro-batch; bigger chunks are only dropped or rewritten
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
 _STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
 _NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
