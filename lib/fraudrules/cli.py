@@ -489,7 +489,9 @@ def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
         help="data quality: the Great Expectations checkpoint over the tables and the streaming state",
     )
     q.add_argument("--dq-dir", help="validation results and Data Docs of every run (default <data-dir>/dq)")
-    q.add_argument("--max-age-minutes", type=float, default=60.0, help="freshness: newest bronze row / alert age")
+    q.add_argument(
+        "--max-age-minutes", type=positive_float, default=60.0, help="freshness: newest bronze row / alert age"
+    )
     q.add_argument("--report", help="write the report as JSON here")
     q.set_defaults(func=cmd_quality)
 
@@ -516,7 +518,9 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", parents=[common], help="write a reproducible demo workload as JSON-lines files")
     gen.add_argument("--out", required=True, metavar="DIR", help="folder for the files (created if missing)")
     gen.add_argument("--count", type=positive_int, default=10_000, help="transactions to write")
-    gen.add_argument("--seed", type=int, default=7, help="random seed: the same seed writes the same workload")
+    gen.add_argument(
+        "--seed", type=non_negative_int, default=7, help="random seed: the same seed writes the same workload"
+    )
     gen.add_argument("--payees", type=positive_int, default=2_000, help="distinct payees (Zipf-skewed)")
     gen.add_argument("--beneficiaries", type=positive_int, default=500, help="distinct beneficiaries (Zipf-skewed)")
     gen.add_argument("--per-file", type=positive_int, default=5_000, help="transactions per file")
