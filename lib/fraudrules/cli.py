@@ -123,9 +123,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
         spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
+    stop = run.Stop()
+    stop.starting = "the tables are ready"
     where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
     with progress.ticker(print, f"preparing tables in {where}"):
         run.prepare(spark, cfg, args.rules or (sample_rules_path() if generate else None))
+    if stop.requested.is_set():
+        spark.stop()
+        print("stopped before the queries started")
+        return 0
     writers = demo_writers(cfg, args.rate) if generate else []
     if writers:
         into = (
@@ -135,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(f"generating {args.rate:g} transactions/s (bursts of large payments) and logins into {into}")
     print("starting the queries; Ctrl-C stops")
-    failed = run.run(spark, cfg, writers, args.seconds)
+    failed = run.run(spark, cfg, writers, args.seconds, stop=stop)
     if not on_databricks():
         spark.stop()
     if failed:
