@@ -157,6 +157,8 @@ def assert_clean(executed: Path) -> None:
     assert all(c.get("execution_count") for c in code), "a code cell did not run"
     images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "no plot was shown"
+    # quiet: no Spark log lines or Python-worker chatter among the outputs
+    assert [o for c in code for o in c.get("outputs", []) if o.get("name") == "stderr"] == []
 
 
 # ------------------------------------------------------------------ one test per notebook

@@ -192,7 +192,9 @@ def shard_load(keyed: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- batches
 
 
-def stateful_batches(batches: DataFrame, progress: Sequence[Mapping[str, Any]] = (), query: str = EVALUATE_QUERY):
+def stateful_batches(
+    batches: DataFrame, progress: Sequence[Mapping[str, Any]] = (), query: str = EVALUATE_QUERY
+) -> pd.DataFrame:
     """A stateful query's micro-batches from its heartbeat rows (`batches` table) and, when given, its progress
     reports (`notebook.run_queries(...)[query]["progress"]`): batch, committed at, transactions, alerts, late
     events, latency p50/p99 (s), duration (s) and transactions per second of that duration."""
@@ -221,7 +223,7 @@ def stateful_batches(batches: DataFrame, progress: Sequence[Mapping[str, Any]] =
     return out
 
 
-def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mapping[str, Any]]):
+def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """The ingest query's micro-batches: files read and duration (its progress reports), transactions appended
     to bronze and records quarantined (the tables' commits, each marked with its batch)."""
     import pandas as pd
@@ -246,7 +248,7 @@ def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mappi
     return frame
 
 
-def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str):
+def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> pd.DataFrame:
     """Rows a query appended to a table, per micro-batch (from the commits' batch markers, see tables.Ledger)."""
     import pandas as pd
 
