@@ -38,7 +38,8 @@ def kernel_spec(root: Path, env: Mapping[str, str], python: str | None = None) -
     folder = root / KERNEL_NAME
     folder.mkdir(parents=True, exist_ok=True)
     spec = {
-        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # the kernel's own log at errors: not its warning that a local kernel talks plain TCP
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--log-level=ERROR"],
         "display_name": f"fraudrules ({python})",
         "language": "python",
         "env": {

@@ -123,9 +123,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
         spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
+    stop = run.Stop()
+    stop.starting = "the tables are ready"
     where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
     with progress.ticker(print, f"preparing tables in {where}"):
         run.prepare(spark, cfg, args.rules or (sample_rules_path() if generate else None))
+    if stop.requested.is_set():
+        spark.stop()
+        print("stopped before the queries started")
+        return 0
     writers = demo_writers(cfg, args.rate) if generate else []
     if writers:
         into = (
@@ -135,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(f"generating {args.rate:g} transactions/s (bursts of large payments) and logins into {into}")
     print("starting the queries; Ctrl-C stops")
-    failed = run.run(spark, cfg, writers, args.seconds)
+    failed = run.run(spark, cfg, writers, args.seconds, stop=stop)
     if not on_databricks():
         spark.stop()
     if failed:
@@ -497,7 +503,9 @@ def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
         help="data quality: the Great Expectations checkpoint over the tables and the streaming state",
     )
     q.add_argument("--dq-dir", help="validation results and Data Docs of every run (default <data-dir>/dq)")
-    q.add_argument("--max-age-minutes", type=float, default=60.0, help="freshness: newest bronze row / alert age")
+    q.add_argument(
+        "--max-age-minutes", type=positive_float, default=60.0, help="freshness: newest bronze row / alert age"
+    )
     q.add_argument("--report", help="write the report as JSON here")
     q.set_defaults(func=cmd_quality)
 
@@ -524,7 +532,9 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", parents=[common], help="write a reproducible demo workload as JSON-lines files")
     gen.add_argument("--out", required=True, metavar="DIR", help="folder for the files (created if missing)")
     gen.add_argument("--count", type=positive_int, default=10_000, help="transactions to write")
-    gen.add_argument("--seed", type=int, default=7, help="random seed: the same seed writes the same workload")
+    gen.add_argument(
+        "--seed", type=non_negative_int, default=7, help="random seed: the same seed writes the same workload"
+    )
     gen.add_argument("--payees", type=positive_int, default=2_000, help="distinct payees (Zipf-skewed)")
     gen.add_argument("--beneficiaries", type=positive_int, default=500, help="distinct beneficiaries (Zipf-skewed)")
     gen.add_argument("--per-file", type=positive_int, default=5_000, help="transactions per file")

@@ -51,6 +51,7 @@ def test_commands_on_the_local_tables_default_to_data(argv):
         ["generate", "--out", "d", "--count", "-5"],
         ["generate", "--out", "d", "--count", "0"],
         ["generate", "--out", "d", "--per-file", "0"],
+        ["generate", "--out", "d", "--seed", "-1"],  # numpy takes no negative seed
         ["run", "--rate", "-1"],
         ["run", "--shards", "0"],
         ["run", "--trigger-seconds", "0"],
@@ -59,6 +60,7 @@ def test_commands_on_the_local_tables_default_to_data(argv):
         ["run", "--max-files-per-trigger", "0"],
         ["backtest", "--rules", "r", "--out", "o", "--lateness-ms", "-1"],
         ["status", "--p99-ms", "0"],
+        ["quality", "--max-age-minutes", "0"],
         ["export", "nope", "--out", "o"],
         ["rules", "frobnicate"],
     ],

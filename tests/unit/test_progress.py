@@ -70,3 +70,29 @@ def test_rules_in_force_in_one_line():
 
 def test_durations():
     assert [progress.seconds(v) for v in (None, 850, 1_430, 125_000)] == ["-", "850 ms", "1.4 s", "2 min 5 s"]
+
+
+def test_ctrl_c_while_starting_lets_the_step_finish_then_a_second_quits(monkeypatch):
+    import signal
+
+    from fraudrules.engine import run
+
+    lines, exits = [], []
+    monkeypatch.setattr(run.os, "_exit", exits.append)
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        stop = run.Stop(lines.append)
+        stop.starting = "the tables are ready"
+        signal.raise_signal(signal.SIGINT)  # no KeyboardInterrupt: the step in progress goes on
+        assert stop.requested.is_set() and not stop.hurry.is_set() and exits == []
+        signal.raise_signal(signal.SIGINT)
+        assert exits == [130]
+        assert lines == ["  stopping once the tables are ready (Ctrl-C again: at once)", "  stopping at once"]
+
+        running = run.Stop(lines.append)  # once the queries run: stop, then hurry; never an exit
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)
+        assert running.requested.is_set() and running.hurry.is_set() and exits == [130]
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])

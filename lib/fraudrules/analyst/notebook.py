@@ -12,20 +12,25 @@ import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import backtest, config, tables
-from fraudrules.analyst import views
+from fraudrules.analyst import display, views
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
 from fraudrules.engine import job
+from fraudrules.engine.messages import rule_text
 from fraudrules.generator import Workload, sample_rules_path, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
 from fraudrules.session import dbutils, kafka_secret_options, on_databricks
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ENV_PREFIX = "FRAUDRULES_"
 SHADOW_OFFSET = 1_000_000  # a candidate rule replays beside the live one under this offset id
@@ -106,18 +111,17 @@ def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 50
 
 
 def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str]) -> dict[str, Any]:
-    """Start the named queries ("rules,evaluate" or a list) as `job.start` does and wait for them: to
-    completion with available-now, for as long as they run otherwise (the continuous job). A failed query
-    raises. Their results are in Delta when this returns.
+    """Start the named queries of the job ("rules,evaluate" or a list, `config.QUERIES`) as `fraudrules run`
+    starts them, and wait for them: to completion with available-now, for as long as they run otherwise (the
+    continuous job). Their results are committed to Delta before it returns; a failed query raises.
 
-    Returns, per query, its micro-batches' progress as Spark reports it (`progress`), plus the
-    number of batches and of input rows over all of them.
+    Returns, per query, its micro-batches' progress as Spark reports it (`progress`) and their number.
     """
-    wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+    wanted = tuple(n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip())
     unknown = [n for n in wanted if n not in QUERIES]
     if unknown:
         raise ValueError(f"unknown query {unknown[0]!r}; queries: {', '.join(QUERIES)}")
-    running = job.start(spark, cfg, names=tuple(n for n in wanted if n))
+    running = job.start(spark, cfg, names=wanted)
     try:  # until all have finished, or the first one fails (then the others are stopped with it)
         while active := [q for q in running.queries if q.isActive]:
             active[0].awaitTermination(2)
@@ -125,20 +129,16 @@ def run_queries(spark: SparkSession, cfg: JobConfig, names: str | Sequence[str])
             if failed:
                 raise failed[0]
     finally:
-        running.stop()
+        running.stop(drain_s=0)  # stops what still runs, commits the results
     out = {}
     for query in running.queries:
         progress = [json.loads(pr.json) for pr in query.recentProgress]
-        out[query.name] = {
-            "batches": len(progress),
-            "inputRows": sum(int(pr["numInputRows"]) for pr in progress),
-            "progress": progress,
-        }
+        out[query.name] = {"batches": len(progress), "progress": progress}
     return out
 
 
 def run_query(spark: SparkSession, cfg: JobConfig, name: str) -> dict[str, Any]:
-    """`run_queries` for one query: its {batches, inputRows, progress}."""
+    """`run_queries` for one query: its {batches, progress}."""
     return run_queries(spark, cfg, [name])[name]
 
 
@@ -158,7 +158,7 @@ def catch_up(
     if EVALUATE_QUERY in queries and evaluated.isEmpty():
         todo.append(EVALUATE_QUERY)
     done = {name: run_query(spark, cfg, name) for name in todo}  # one after the other: 2 cores
-    return [{"query": name, "batches": d["batches"], "inputRows": d["inputRows"]} for name, d in done.items()]
+    return [{"query": name, "micro-batches": d["batches"]} for name, d in done.items()]
 
 
 def scratch_config(cfg: JobConfig, folder: str) -> JobConfig:
@@ -174,13 +174,37 @@ def live_rule(spark: SparkSession, cfg: JobConfig, rule_id: int) -> Rule | None:
     return None if row is None else parse_rule(json.loads(row["ruleJson"]))
 
 
+@dataclass
+class Comparison:
+    """A candidate rule replayed beside the live one: the backtest, their alerts matched, counts per side."""
+
+    result: BacktestResult
+    compared: DataFrame  # views.compare_alerts(live, candidate)
+    counts: dict[str, int]  # views.comparison_counts: "live only", "candidate only", "both"
+    live: Rule | None
+    candidate: Rule
+
+    def summary(self) -> pd.DataFrame:
+        """One row per side: the rule and its alerts in the replay."""
+        import pandas as pd
+
+        only_live, only_candidate, both = views.comparison_sides()
+        rows = []
+        for label, rule, only in (("live", self.live, only_live), ("candidate", self.candidate, only_candidate)):
+            if rule is None:
+                continue
+            alerts = self.counts[only] + self.counts[both]
+            rows.append({"": f"{label} rule {rule.rule_id}", "rule": rule_text(rule), "alerts": alerts})
+        return pd.DataFrame(rows).set_index("")
+
+
 def backtest_candidate(
     spark: SparkSession, cfg: JobConfig, transactions: str, candidate: Rule, work_dir: str
-) -> tuple[BacktestResult, DataFrame]:
-    """Replay `transactions` (JSON-lines folder) with the live rule and the candidate side by side.
+) -> Comparison:
+    """Replay `transactions` (JSON-lines file, folder or glob) with the live rule and the candidate side by side.
 
-    Both run in one backtest under `work_dir` (emptied first), the candidate under a shadow id;
-    returns the backtest result and `views.compare_alerts(live alerts, candidate alerts)`.
+    Both run in one backtest under `work_dir` (emptied first), the candidate under a shadow id that never
+    shows: its alerts are compared with the live rule's (`views.compare_alerts`).
     """
     live = live_rule(spark, cfg, candidate.rule_id)
     shadow_id = SHADOW_OFFSET + candidate.rule_id
@@ -192,8 +216,9 @@ def backtest_candidate(
     alerts = tables.read(spark, bt_cfg, "alerts")
     compared = views.compare_alerts(
         alerts.where(F.col("ruleId") == candidate.rule_id), alerts.where(F.col("ruleId") == shadow_id)
-    )
-    return result, compared
+    ).cache()
+    active = live if live is not None and live.state == "ACTIVE" else None
+    return Comparison(result, compared, views.comparison_counts(compared), active, candidate)
 
 
 def export_alerts(spark: SparkSession, cfg: JobConfig, out: str | None = None) -> tuple[str, int]:
@@ -214,16 +239,15 @@ def activate(spark: SparkSession, cfg: JobConfig, rule: Rule, confirmed: str | b
 
 
 def show(df: Any, n: int = 20) -> Any:
-    """Databricks' display for a Spark DataFrame there; elsewhere its first `n` rows as pandas."""
+    """Databricks' display for a Spark DataFrame there; elsewhere its first `n` rows as a table people can read
+    (`display.readable`: amounts at 2 places, times as ISO timestamps, keys as name=value)."""
     if on_databricks():
         from IPython import get_ipython
 
         shell = get_ipython()
         if shell is not None and "display" in shell.user_ns:
             return shell.user_ns["display"](df)
-    if hasattr(df, "toPandas"):
-        return df.limit(n).toPandas()
-    return df.head(n) if hasattr(df, "head") else df
+    return display.readable(df, n)
 
 
 def finish(spark: SparkSession) -> None:

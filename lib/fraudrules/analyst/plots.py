@@ -1,6 +1,8 @@
 """Analyst plots: matplotlib Figures from Spark or pandas frames (the `views.py` results), saved as PNGs.
 
-Figures are built without pyplot, so nothing depends on a display or a global figure state.
+Every plot has a title, axes labelled with their units, integer ticks where it counts, readable tick labels
+(dates as times of day, no crowding) and bars labelled with their values. Figures are built without pyplot, so
+nothing depends on a display or a global figure state.
 """
 
 from __future__ import annotations
@@ -10,110 +12,254 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fraudrules.analyst.views import SIDES
+import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.container import BarContainer
     from matplotlib.figure import Figure
+
+DPI = 110
+MAX_LABELLED_BARS = 20  # bars per axis that still have room for their value on top
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
 
 
 def _pandas(df: Any) -> pd.DataFrame:
     return df.toPandas() if hasattr(df, "toPandas") else df
 
 
-def _figure(ncols: int = 1, width: float = 8.0) -> tuple[Figure, Any]:
+def _figure(nrows: int = 1, ncols: int = 1, width: float = 8.0, height: float = 4.0) -> tuple[Figure, Any]:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, 3.6), layout="constrained")
-    axes = fig.subplots(1, ncols)
-    return fig, axes
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
-def plot_alerts_per_rule(per_rule: Any) -> Figure:
-    """Lines of alerts per time bucket, one per rule (input: `alerts_per_rule`)."""
-    pdf = _pandas(per_rule)
-    fig, ax = _figure()
+def _counts_axis(ax: Axes, axis: str = "y") -> None:
+    """Integer ticks with thousands separators on a count axis."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(MaxNLocator(integer=True, nbins="auto"))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+
+
+def _label_bars(ax: Axes, bars: BarContainer, fmt: str = "{:,.0f}") -> None:
+    ax.bar_label(bars, labels=[fmt.format(b.get_height()) for b in bars], padding=2, fontsize="small")
+    ax.margins(y=0.15)
+
+
+def _time_axis(ax: Axes) -> None:
+    """Dates on the x axis as times of day (UTC), as few as fit."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+    locator = AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+
+
+def _empty(ax: Axes, text: str = "nothing to show yet") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+# ---------------------------------------------------------------- 01 ingest
+
+
+def plot_ingested(bronze: Any) -> Figure:
+    """What was ingested (input: bronze rows with eventTime (ms), paymentAmount, paymentType): transactions per
+    minute of event time by payment type, and the distribution of payment amounts."""
+    import pandas as pd
+
+    pdf = _pandas(bronze)
+    fig, axes = _figure(1, 2, width=12.0)
+    per_minute, amounts = axes[0][0], axes[0][1]
     if len(pdf):
-        wide = pdf.pivot_table(index="bucket", columns="ruleId", values="alerts", aggfunc="sum").fillna(0)
-        for rule_id in wide.columns:
-            ax.plot(wide.index, wide[rule_id], marker="o", label=f"rule {rule_id}")
-        ax.legend(loc="upper left", fontsize="small")
-    ax.set_title("Alerts per rule over event time")
-    ax.set_xlabel("event time bucket")
-    ax.set_ylabel("alerts")
-    fig.autofmt_xdate()
+        t = pd.to_datetime(pdf["eventTime"], unit="ms").dt.floor("min")
+        counts = pd.crosstab(t, pdf["paymentType"])
+        bottom = np.zeros(len(counts))
+        width = 0.8 / (24 * 60)  # days, as matplotlib dates are
+        for i, kind in enumerate(counts.columns):
+            per_minute.bar(counts.index, counts[kind], width=width, bottom=bottom, label=kind, color=COLORS[i])
+            bottom += counts[kind].to_numpy()
+        per_minute.legend(title="payment type", fontsize="small")
+        _time_axis(per_minute)
+        values = pdf["paymentAmount"].astype(float)
+        bins = np.logspace(np.log10(max(values.min(), 0.01)), np.log10(values.max() * 1.01), 40)
+        amounts.hist(values, bins=bins, color="tab:blue")
+        amounts.set_xscale("log")
+        amounts.xaxis.set_major_formatter(_money_formatter())
+    else:
+        _empty(per_minute)
+        _empty(amounts)
+    per_minute.set_title("Transactions per minute of event time")
+    per_minute.set_xlabel("event time (UTC)")
+    per_minute.set_ylabel("transactions")
+    _counts_axis(per_minute)
+    amounts.set_title("Payment amounts (log scale)")
+    amounts.set_xlabel("payment amount")
+    amounts.set_ylabel("transactions")
+    _counts_axis(amounts)
     return fig
+
+
+def _money_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:,.2f}")
+
+
+# ---------------------------------------------------------------- 02 keying
 
 
 def plot_fanout(fanout: Any) -> Figure:
-    """Bars of keyed rows and distinct keys per rule (input: `fanout_per_rule`)."""
+    """Keyed rows and distinct keys per rule, on a log scale so that small counts stay visible, every bar
+    labelled (input: `views.fanout_per_rule`)."""
     pdf = _pandas(fanout)
-    fig, ax = _figure()
-    x = list(range(len(pdf)))
-    ax.bar([i - 0.2 for i in x], pdf["rows"], width=0.4, label="keyed rows")
-    ax.bar([i + 0.2 for i in x], pdf["keys"], width=0.4, label="distinct keys")
-    ax.set_xticks(x, [f"rule {r}" for r in pdf["ruleId"]])
-    ax.set_title("Dynamic keying: fan-out per rule")
-    ax.legend(fontsize="small")
+    fig, axes = _figure(width=9.0)
+    ax = axes[0][0]
+    if len(pdf):
+        x = np.arange(len(pdf))
+        rows = ax.bar(x - 0.2, pdf["rows"], width=0.4, label="keyed rows (transactions passing the filter)")
+        keys = ax.bar(x + 0.2, pdf["keys"], width=0.4, label="distinct keys")
+        _label_bars(ax, rows)
+        _label_bars(ax, keys)
+        ax.set_xticks(x, [f"rule {r}" for r in pdf["ruleId"]])
+        ax.set_yscale("log")
+        ax.set_ylim(0.5, max(float(pdf["rows"].max()), 1.0) * 4)
+        ax.yaxis.set_major_formatter(_money_formatter())
+        ax.legend(fontsize="small", loc="upper left")
+    else:
+        _empty(ax)
+    ax.set_title("Dynamic keying: rows and keys per rule")
+    ax.set_xlabel("rule")
+    ax.set_ylabel("count (log scale)")
     return fig
 
 
-def plot_batches(latencies: Any, batches: Any, progress: Any = None) -> Figure:
-    """Alert latency histogram; per-batch alerts with p50/p99 latency; and, given a `progress_table`,
-    each micro-batch's processing time, with transactions per second where batches record inputRows."""
-    lat, bat = _pandas(latencies), _pandas(batches)
-    panels = 3 if progress is not None else 2
-    fig, axes = _figure(panels, width=5.2 * panels)
-    left, mid = axes[0], axes[1]
-    if len(lat):
-        left.hist(lat["latencyMs"], bins=30)
-    left.set_title("Alert latency (ingestion → alert committed)")
-    left.set_xlabel("ms")
-    left.set_ylabel("alerts")
+def plot_shard_load(load: Any, shards: int | None = None) -> Figure:
+    """Keyed rows per shard of the stateful stage (input: `views.shard_load`), with each shard's share."""
+    pdf = _pandas(load)
+    fig, axes = _figure(width=7.0, height=3.6)
+    ax = axes[0][0]
+    if len(pdf):
+        total = float(pdf["rows"].sum()) or 1.0
+        bars = ax.bar([f"shard {s}" for s in pdf["shard"]], pdf["rows"], color="tab:blue")
+        ax.bar_label(bars, labels=[f"{v:,} ({v / total:.0%})" for v in pdf["rows"]], padding=2, fontsize="small")
+        ax.margins(y=0.15)
+    else:
+        _empty(ax)
+    ax.set_title("Load of the stateful stage: keyed rows per shard" + (f" ({shards} shards)" if shards else ""))
+    ax.set_xlabel("shard")
+    ax.set_ylabel("keyed rows")
+    _counts_axis(ax)
+    return fig
+
+
+# ---------------------------------------------------------------- 03 evaluation
+
+
+def plot_batches(batches: Any, latencies: Any) -> Figure:
+    """The evaluation query's micro-batches (input: `views.stateful_batches`) and its alerts' latencies
+    (`views.alert_latencies`): transactions and alerts per batch, batch durations, throughput, latency."""
+    bat, lat = _pandas(batches), _pandas(latencies)
+    fig, axes = _figure(2, 2, width=12.0, height=7.0)
+    (size, duration), (rate, latency) = axes
     if len(bat):
-        mid.bar(bat["batchId"], bat["alerts"], color="lightgray", label="alerts")
-        twin = mid.twinx()
-        twin.plot(bat["batchId"], bat["latencyP50Ms"], marker="o", label="p50")
-        twin.plot(bat["batchId"], bat["latencyP99Ms"], marker="^", label="p99")
-        twin.set_ylabel("alert latency ms")
-        twin.legend(loc="upper right", fontsize="small")
-    mid.set_title("Recent micro-batches: alerts and latency")
-    mid.set_xlabel("batch")
-    mid.set_ylabel("alerts")
-    if progress is not None:
-        prog, right = _pandas(progress), axes[2]
-        if len(prog):
-            right.bar(prog["batchId"], prog["durationMs"] / 1000.0, color="tab:blue")
-        right.set_title("Micro-batch processing time")
-        right.set_xlabel("batch")
-        right.set_ylabel("seconds")
-        if len(bat) and bat["inputRowsPerSecond"].notna().any():
-            rate = right.twinx()
-            rate.plot(bat["batchId"], bat["inputRowsPerSecond"], marker="s", color="tab:green")
-            rate.set_ylabel("transactions / s")
-    for ax in axes:
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        x = bat["batch"].astype(int).to_numpy()
+        labelled = len(x) <= MAX_LABELLED_BARS  # more bars than this: labels would overlap
+        for offset, column, color in ((-0.2, "transactions", "tab:blue"), (0.2, "alerts", "tab:red")):
+            bars = size.bar(x + offset, bat[column], width=0.4, color=color, label=column)
+            if labelled:
+                _label_bars(size, bars)
+        size.legend(fontsize="small")
+        for ax, column, fmt, color in (
+            (duration, "seconds", "{:,.1f}", "tab:gray"),
+            (rate, "transactions per s", "{:,.0f}", "tab:green"),
+        ):
+            bars = ax.bar(x, bat[column].fillna(0), color=color)
+            if labelled:
+                _label_bars(ax, bars, fmt)
+        for ax in (size, duration, rate):
+            _counts_axis(ax, "x")
+    else:
+        for ax in (size, duration, rate):
+            _empty(ax)
+    size.set_title("Transactions and alerts per micro-batch")
+    size.set_ylabel("count")
+    _counts_axis(size)
+    duration.set_title("Micro-batch duration")
+    duration.set_ylabel("seconds")
+    rate.set_title("Throughput per micro-batch")
+    rate.set_ylabel("transactions / s")
+    for ax in (size, duration, rate):
+        ax.set_xlabel("micro-batch")
+    if len(lat):
+        seconds = lat["latencyMs"].astype(float) / 1000.0
+        # from 0 s: latencies that hardly differ stay one readable bar, not an axis of offsets
+        latency.hist(seconds, bins=np.linspace(0.0, max(float(seconds.max()), 1.0) * 1.05, 31), color="tab:purple")
+        for q, style in ((0.5, "--"), (0.99, ":")):
+            value = float(np.quantile(seconds, q))
+            latency.axvline(value, color="black", linestyle=style, label=f"p{q * 100:g} {value:,.1f} s")
+        latency.legend(fontsize="small", loc="upper left")
+    else:
+        _empty(latency, "no alerts")
+    latency.set_title("Alert latency: ingestion to alert")
+    latency.set_xlabel("seconds from ingestion to alert")
+    latency.set_ylabel("alerts")
+    _counts_axis(latency)
     return fig
 
 
-def plot_counts(df: Any, label: str, value: str, title: str) -> Figure:
-    """Horizontal bars of `value` per `label` (e.g. `quarantine_reasons`: "reason", "records")."""
-    pdf = _pandas(df)
-    fig, ax = _figure()
-    ax.barh([str(v) for v in pdf[label]], pdf[value])
-    ax.invert_yaxis()
-    ax.set_title(title)
-    ax.set_xlabel(value)
+# ---------------------------------------------------------------- 04 alerting
+
+
+def plot_alerts_per_rule(per_rule: Any, bucket: str = "1 minute") -> Figure:
+    """Alerts per time bucket of event time, one line per rule (input: `views.alerts_per_rule`)."""
+    pdf = _pandas(per_rule)
+    fig, axes = _figure(width=10.0)
+    ax = axes[0][0]
+    if len(pdf):
+        import pandas as pd
+
+        wide = pdf.pivot_table(index="bucket", columns="ruleId", values="alerts", aggfunc="sum")
+        # every bucket of the span, those without alerts at 0 (a line would otherwise skip them)
+        span = pd.date_range(wide.index.min(), wide.index.max(), freq=pd.Timedelta(bucket))
+        wide = wide.reindex(span).fillna(0)
+        for i, rule_id in enumerate(wide.columns):
+            ax.plot(wide.index, wide[rule_id], marker="o", label=f"rule {rule_id}", color=COLORS[i % len(COLORS)])
+        ax.legend(title="rule", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside, not over
+        ax.set_ylim(bottom=0)
+        _time_axis(ax)
+    else:
+        _empty(ax, "no alerts")
+    ax.set_title(f"Alerts per rule per {bucket} of event time")
+    ax.set_xlabel("event time (UTC)")
+    ax.set_ylabel(f"alerts per {bucket}")
+    _counts_axis(ax)
     return fig
 
 
-def plot_comparison(counts: Mapping[str, int], labels: tuple[str, str] = ("live", "candidate")) -> Figure:
-    """Bars of alerts only in A, only in B and in both (input: `comparison_counts`)."""
-    fig, ax = _figure(width=6.0)
-    names = [f"only {labels[0]}", f"only {labels[1]}", "both"]
-    ax.bar(names, [counts.get(s, 0) for s in SIDES], color=["tab:blue", "tab:orange", "tab:green"])
-    ax.set_title("Backtest: candidate vs live rule")
+# ---------------------------------------------------------------- 05 backtest
+
+
+def plot_comparison(counts: Mapping[str, int], rule_id: int | None = None) -> Figure:
+    """Alerts of the live rule only, of the candidate only, and of both, in the order of `counts`
+    (`views.comparison_counts`)."""
+    fig, axes = _figure(width=7.0, height=3.8)
+    ax = axes[0][0]
+    bars = ax.bar(list(counts), [int(v) for v in counts.values()], color=COLORS[: len(counts)])
+    _label_bars(ax, bars)
+    ax.set_title(
+        f"Backtest of rule {rule_id}: alerts of the live rule and of the candidate"
+        if rule_id
+        else "Backtest: alerts of the live rule and of the candidate"
+    )
+    ax.set_xlabel("alerted by")
     ax.set_ylabel("alerts")
+    _counts_axis(ax)
     return fig
 
 
@@ -123,5 +269,5 @@ def save_figure(fig: Any, figures_dir: str, name: str) -> Any:
 
     Path(figures_dir).mkdir(parents=True, exist_ok=True)
     path = os.path.join(figures_dir, f"{name}.png")
-    fig.savefig(path, dpi=90, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI)
     return Image(filename=path)

@@ -1,7 +1,8 @@
 """Analyst views over the project's tables: small functions from DataFrames to DataFrames.
 
-Every function takes and returns Spark DataFrames (plots are `plots.py`), so the same calls serve a
-notebook locally and on Databricks.
+Functions take Spark DataFrames and return Spark DataFrames (or pandas, for the few that join Spark's progress
+reports), so the same calls serve a notebook locally and on Databricks; `display.py` shows them readably and
+`plots.py` plots them.
 """
 
 from __future__ import annotations
@@ -9,14 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import tables
-from fraudrules.config import EVALUATE_QUERY, JobConfig
+from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, JobConfig
 from fraudrules.engine import keying
 from fraudrules.engine.inputs import numeric
 from fraudrules.engine.ruleset import RuleSet
@@ -26,7 +26,7 @@ from fraudrules.rules.model import NUMERIC_FIELDS, Rule, parse_rule
 if TYPE_CHECKING:
     import pandas as pd
 
-SIDES = ("only_a", "only_b", "both")
+LABELS = ("live", "candidate")  # the two runs a backtest compares
 
 
 # ---------------------------------------------------------------- alerts
@@ -127,30 +127,6 @@ def _condition(field: str, op: str, values: Sequence[str]) -> Column:
     return F.coalesce(ops[op](), F.lit(False))
 
 
-def window_summary(window: DataFrame, alert: Mapping[str, Any]) -> dict[str, Any]:
-    """The drill-down next to what the alert says (numbers as exact decimal strings)."""
-    row = window.agg(F.count(F.lit(1)).alias("n"), F.sum("paymentAmount").alias("total")).first()
-    tx_ids = {r.transactionId for r in window.select("transactionId").collect()}
-    return {
-        "alertId": alert["alertId"],
-        "ruleId": int(alert["ruleId"]),
-        "aggregatorFunctionType": alert["aggregatorFunctionType"],
-        "aggregateFieldName": alert["aggregateFieldName"],
-        "aggregate": _text(alert["aggregate"]),
-        "transactions": int(row["n"]),
-        "paymentAmountSum": _text(row["total"]),
-        "containsAlertingTransaction": int(alert["transactionId"]) in tx_ids,
-    }
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, Decimal):
-        return format(value.normalize(), "f") if value != 0 else "0"
-    return str(value)
-
-
 def quarantine_reasons(quarantine: DataFrame) -> DataFrame:
     """Quarantined records per reason, most frequent first, with one example record each."""
     return (
@@ -216,19 +192,73 @@ def shard_load(keyed: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- batches
 
 
-def recent_batches(batches: DataFrame, n: int = 50, query: str = EVALUATE_QUERY) -> DataFrame:
-    """The last `n` micro-batches of `query`, oldest first, with seconds since the previous commit
-    and input rows per second (where the batch recorded its input rows)."""
-    from pyspark.sql.window import Window
+def stateful_batches(
+    batches: DataFrame, progress: Sequence[Mapping[str, Any]] = (), query: str = EVALUATE_QUERY
+) -> pd.DataFrame:
+    """A stateful query's micro-batches from its heartbeat rows (`batches` table) and, when given, its progress
+    reports (`notebook.run_queries(...)[query]["progress"]`): batch, committed at, transactions, alerts, late
+    events, latency p50/p99 (s), duration (s) and transactions per second of that duration."""
+    import pandas as pd
 
-    last = batches.where(F.col("query") == query).orderBy(F.desc("batchId")).limit(n)
-    w = Window.orderBy("batchId")
-    seconds = F.unix_millis("committedAt") - F.lag(F.unix_millis("committedAt")).over(w)
-    return (
-        last.withColumn("seconds", seconds / 1000.0)
-        .withColumn("inputRowsPerSecond", F.col("inputRows") / F.col("seconds"))
-        .orderBy("batchId")
+    beats = (
+        batches.where(F.col("query") == query)
+        .select(
+            F.col("batchId").alias("batch"),
+            F.col("committedAt").alias("committed at"),
+            "transactions",
+            "alerts",
+            F.col("lateEvents").alias("late"),
+            (F.col("latencyP50Ms") / 1000.0).alias("latency p50 (s)"),
+            (F.col("latencyP99Ms") / 1000.0).alias("latency p99 (s)"),
+        )
+        .orderBy("batch")
+        .toPandas()
     )
+    durations = pd.DataFrame(
+        [(int(p["batchId"]), int((p.get("durationMs") or {}).get("triggerExecution", 0)) / 1000.0) for p in progress],
+        columns=["batch", "seconds"],
+    )
+    out = beats.merge(durations, on="batch", how="left") if len(durations) else beats.assign(seconds=float("nan"))
+    out["transactions per s"] = out["transactions"] / out["seconds"].where(out["seconds"] > 0)
+    return out
+
+
+def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The ingest query's micro-batches: files read and duration (its progress reports), transactions appended
+    to bronze and records quarantined (the tables' commits, each marked with its batch)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [
+            (
+                int(p["batchId"]),
+                int(p.get("numInputRows", 0)),
+                int((p.get("durationMs") or {}).get("triggerExecution", 0)),
+            )
+            for p in progress
+        ],
+        columns=["batch", "files", "ms"],
+    )
+    for table, column in (("transactions", "transactions"), ("quarantine", "quarantined")):
+        rows = batch_rows(spark, cfg, table, INGEST_QUERY)
+        frame = frame.merge(rows.rename(columns={"rows": column}), on="batch", how="left")
+        frame[column] = frame[column].fillna(0).astype("int64")
+    frame["seconds"] = frame.pop("ms") / 1000.0
+    frame["transactions per s"] = frame["transactions"] / frame["seconds"].where(frame["seconds"] > 0)
+    return frame
+
+
+def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> pd.DataFrame:
+    """Rows a query appended to a table, per micro-batch (from the commits' batch markers, see tables.Ledger)."""
+    import pandas as pd
+
+    history = tables.delta(spark, cfg, table).history().select("userMetadata", "operationMetrics").collect()
+    rows = {}
+    for commit in history:
+        marker = json.loads(commit.userMetadata) if (commit.userMetadata or "").startswith("{") else {}
+        if str(marker.get("app", "")).startswith(f"{query}:"):
+            rows[int(marker["batch"])] = int((commit.operationMetrics or {}).get("numOutputRows", 0))
+    return pd.DataFrame(sorted(rows.items()), columns=["batch", "rows"])
 
 
 def alert_latencies(alerts: DataFrame, batch_ids: Sequence[int] | None = None) -> DataFrame:
@@ -241,36 +271,6 @@ def alert_latencies(alerts: DataFrame, batch_ids: Sequence[int] | None = None) -
     )
 
 
-def ingest_throughput(transactions: DataFrame, n: int = 50) -> DataFrame:
-    """Bronze rows per ingest micro-batch (rows of one batch share ingestedAt) and rows per second."""
-    from pyspark.sql.window import Window
-
-    per_batch = transactions.groupBy("ingestedAt").agg(F.count(F.lit(1)).alias("rows"))
-    last = per_batch.orderBy(F.desc("ingestedAt")).limit(n)
-    w = Window.orderBy("ingestedAt")
-    seconds = (F.unix_millis("ingestedAt") - F.lag(F.unix_millis("ingestedAt")).over(w)) / 1000.0
-    return (
-        last.withColumn("seconds", seconds).withColumn("rowsPerSecond", F.col("rows") / seconds).orderBy("ingestedAt")
-    )
-
-
-def progress_table(progress: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """A streaming query's progress reports (e.g. `notebook.run_query(...)["progress"]`) as a table:
-    batchId, numInputRows, processedRowsPerSecond and the batch's duration in ms."""
-    import pandas as pd
-
-    rows = [
-        {
-            "batchId": int(pr["batchId"]),
-            "numInputRows": int(pr.get("numInputRows", 0)),
-            "processedRowsPerSecond": float(pr.get("processedRowsPerSecond") or 0.0),
-            "durationMs": int((pr.get("durationMs") or {}).get("triggerExecution", 0)),
-        }
-        for pr in progress
-    ]
-    return pd.DataFrame(rows, columns=["batchId", "numInputRows", "processedRowsPerSecond", "durationMs"])
-
-
 # ---------------------------------------------------------------- backtests and history
 
 
@@ -279,21 +279,32 @@ def with_rule_id(rule: Rule, rule_id: int) -> Rule:
     return replace(rule, rule_id=rule_id)
 
 
-def compare_alerts(a: DataFrame, b: DataFrame, on: Sequence[str] = ("transactionId", "key")) -> DataFrame:
-    """Alerts of two runs matched on `on`: one row per alert with side only_a, only_b or both."""
+def compare_alerts(
+    live: DataFrame,
+    candidate: DataFrame,
+    labels: tuple[str, str] = LABELS,
+    on: Sequence[str] = ("transactionId", "key"),
+) -> DataFrame:
+    """Alerts of two runs matched on `on`, one row per alert: its aggregate in each run (`<label> aggregate`)
+    and `alerted by`: "<label> only" or "both"."""
     cols = list(on)
-    left = a.select(*cols, F.col("aggregate").alias("aggregateA")).withColumn("_a", F.lit(True))
-    right = b.select(*cols, F.col("aggregate").alias("aggregateB")).withColumn("_b", F.lit(True))
-    side = (
-        F.when(F.col("_a") & F.col("_b"), F.lit("both")).when(F.col("_a"), F.lit("only_a")).otherwise(F.lit("only_b"))
-    )
-    return left.join(right, cols, "full_outer").withColumn("side", side).drop("_a", "_b").orderBy(*cols)
+    first, second = (f"{label} aggregate" for label in labels)
+    left = live.select(*cols, F.col("aggregate").alias(first)).withColumn("_a", F.lit(True))
+    right = candidate.select(*cols, F.col("aggregate").alias(second)).withColumn("_b", F.lit(True))
+    sides = comparison_sides(labels)
+    side = F.when(F.col("_a") & F.col("_b"), F.lit(sides[2])).when(F.col("_a"), F.lit(sides[0])).otherwise(sides[1])
+    return left.join(right, cols, "full_outer").withColumn("alerted by", side).drop("_a", "_b").orderBy(*cols)
 
 
-def comparison_counts(compared: DataFrame) -> dict[str, int]:
-    """{only_a, only_b, both} counts of a `compare_alerts` result (zeros included)."""
-    counts = {r["side"]: int(r["count"]) for r in compared.groupBy("side").count().collect()}
-    return {s: counts.get(s, 0) for s in SIDES}
+def comparison_sides(labels: tuple[str, str] = LABELS) -> tuple[str, str, str]:
+    """The values of `alerted by`: "<first> only", "<second> only", "both"."""
+    return f"{labels[0]} only", f"{labels[1]} only", "both"
+
+
+def comparison_counts(compared: DataFrame, labels: tuple[str, str] = LABELS) -> dict[str, int]:
+    """Alerts per `alerted by` value of a `compare_alerts` result, in that order, zeros included."""
+    counts = {r["alerted by"]: int(r["count"]) for r in compared.groupBy("alerted by").count().collect()}
+    return {side: counts.get(side, 0) for side in comparison_sides(labels)}
 
 
 def history(spark: SparkSession, cfg: JobConfig, name: str = "transactions") -> DataFrame:
@@ -301,7 +312,12 @@ def history(spark: SparkSession, cfg: JobConfig, name: str = "transactions") -> 
     return (
         tables.delta(spark, cfg, name)
         .history()
-        .select("version", "timestamp", "operation", F.col("operationMetrics")["numOutputRows"].alias("rows"))
+        .select(
+            "version",
+            "timestamp",
+            "operation",
+            F.col("operationMetrics")["numOutputRows"].cast("long").alias("rows"),
+        )
         .orderBy("version")
     )
 

@@ -10,7 +10,9 @@ from the checkpoints.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -54,14 +56,28 @@ def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer
 
 
 class Stop:
-    """Ctrl-C / SIGTERM: the first asks the run to stop after the batches in progress, the second to hurry."""
+    """Ctrl-C / SIGTERM: the first asks the run to stop after the batches in progress, the second to hurry.
 
-    def __init__(self) -> None:
+    Installed once Spark is up, it replaces PySpark's own handler, which raises KeyboardInterrupt in the middle
+    of a call into the JVM (Py4J then logs tracebacks). While the job starts (`starting` names what it is
+    doing), the first signal lets that step finish and the second quits the process at once (the JVM goes
+    with it: it ends when its parent's pipe closes).
+    """
+
+    def __init__(self, printer: Printer = print) -> None:
         self.requested, self.hurry = threading.Event(), threading.Event()
+        self.starting: str | None = None
+        self.printer = printer
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._signal)
 
     def _signal(self, *_: object) -> None:
+        if self.starting is not None and self.requested.is_set():
+            self.printer("  stopping at once")
+            sys.stdout.flush()
+            os._exit(130)
+        elif self.starting is not None:
+            self.printer(f"  stopping once {self.starting} (Ctrl-C again: at once)")
         if self.requested.is_set():
             self.hurry.set()
         self.requested.set()
@@ -73,10 +89,12 @@ def run(
     writers: Sequence[Writer] = (),
     seconds: float = 0.0,
     printer: Printer = print,
+    stop: Stop | None = None,
 ) -> BaseException | None:
     """Run the job (and start `writers`, the demo generator) until it is told to stop; the error of a query
     (or committer) that failed, if one did."""
-    stop = Stop()  # no exception mid-call into the JVM: the loops below look at it
+    stop = stop or Stop(printer)  # no exception mid-call into the JVM: the loops below look at it
+    stop.starting = None
     listener = ProgressPrinter(printer)
     spark.streams.addListener(listener)
     for writer in writers:  # first: the queries' first micro-batch already holds input
