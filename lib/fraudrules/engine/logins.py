@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from fraudrules.engine.evaluation import LATE_REASON, OUTPUT_COLUMNS, Batch, typed
+from fraudrules.engine.messages import duration_text
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.rules.model import LOGIN_RULE, Rule
 
@@ -69,7 +70,7 @@ def _alert(seq: Sequence, distinct: list[str], user: int, ip: str, t: int) -> di
     }
     message = (
         f"user {user}: {len(seq.ips)} failed logins from {len(distinct)} IPs ({', '.join(distinct)}) "
-        f"then a success from new IP {ip} within {(t - seq.start) / 1000:.0f} s"
+        f"then a success from new IP {ip} within {duration_text(t - seq.start)}"
     )
     return {"kind": "alert", "aggregate": str(len(seq.ips)), "details": json.dumps(details), "message": message}
 

@@ -55,6 +55,15 @@ def iso_time(ms: int | float | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
 
 
+def duration_text(ms: int) -> str:
+    """A span of event time people can read: `350 ms`, `4.2 s`, `7.5 min`."""
+    if ms < 1_000:
+        return f"{ms:,} ms"
+    if ms < 60_000:
+        return f"{ms / 1_000:.1f} s"
+    return f"{ms / 60_000:.1f} min"
+
+
 def aggregate_places(rule: Rule) -> int:
     """Decimals an aggregate is shown with: counts as integers, amounts at their scale, averages of counts at 2."""
     if rule.field in COUNT_FIELDS or rule.unique:
