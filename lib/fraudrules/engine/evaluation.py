@@ -48,6 +48,11 @@ def typed(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def alert_kind(rule: Rule) -> str:
+    """Output kind of a rule's hits: "alert", or "shadow" for a SHADOW rule (to `shadow_alerts`, never published)."""
+    return "shadow" if rule.state == "SHADOW" else "alert"
+
+
 @dataclass
 class Batch:
     """What one shard was given: its share of the stateful stage's input rows, events and rule changes."""
@@ -199,7 +204,8 @@ def _alerts(tx: Transactions, keyed: Keyed, fired, rules: dict[int, Rule]) -> pd
         rule = rules[int(rid)]
         sel = fired_rules == rid
         rows = keyed.rows[fired.index[sel]]
-        frame = _event_rows(tx, rule, rows, kind="alert", aggregate=aggregates[sel], rule=json.dumps(rule.to_json()))
+        kind = alert_kind(rule)
+        frame = _event_rows(tx, rule, rows, kind=kind, aggregate=aggregates[sel], rule=json.dumps(rule.to_json()))
         frame["message"] = [window_message(rule, k, a) for k, a in zip(frame["key"], frame["aggregate"], strict=True)]
         parts.append(frame)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
