@@ -275,7 +275,8 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
     from fraudrules.rules.model import parse_rule
 
     def describe(row: dict) -> str:
-        return rule_text(parse_rule(json.loads(row["ruleJson"])))
+        rule = parse_rule(json.loads(row["ruleJson"]))
+        return rule_text(rule) + (f" · shadows rule {rule.shadow_of}" if rule.shadow_of is not None else "")
 
     def changed(row: dict) -> str:
         shadows = json.loads(row["ruleJson"]).get("shadowOf")
