@@ -7,10 +7,12 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from decimal import Decimal
 
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fraudrules.analyst.shadow import HOUR_MS, Comparison, Run, batch_range, compare_frames, parse_time, shadow_run
 from fraudrules.engine.sinks import OUTBOX, shadow_rows
 from fraudrules.rules import store
 from fraudrules.rules.codec import from_row
@@ -105,6 +107,16 @@ def test_shadow_state_is_retained_like_active_and_freed_when_stopped(stop):
     assert not [k for k in engine.hits("shadow") if k[1] >= 100]
 
 
+def promoted_at(engine: Engine, batches, k: int, live, candidate) -> Engine:
+    """Batches fed with the live rule and its shadow candidate, the candidate promoted before batch `k`."""
+    for b in batches[:k]:
+        engine.feed(b, [live, candidate])
+    promotion = store.promotion(engine.stream.rows, candidate.rule_id)
+    for b in batches[k:]:
+        engine.feed(b, promotion)
+    return engine
+
+
 def test_promote_switches_every_shard_at_one_batch():
     """No transaction is evaluated by both versions or by neither: the live version up to the promotion's
     batch, the promoted one from it; the shadow rule stops at the same batch."""
@@ -112,12 +124,7 @@ def test_promote_switches_every_shard_at_one_batch():
     candidate = shadow_copy(live, limit="-1")  # also alerts on every tx, distinguishable by version
     txs = [tx(i, i * 1_000, payee=i % 5) for i in range(120)]
     batches = [txs[i : i + 10] for i in range(0, 120, 10)]
-    engine = Engine(0, shards=3)
-    for b in batches[:5]:
-        engine.feed(b, [live, candidate])
-    promotion = store.promotion(engine.stream.rows, candidate.rule_id)
-    for b in batches[5:]:
-        engine.feed(b, promotion)
+    engine = promoted_at(Engine(0, shards=3), batches, 5, live, candidate)
 
     versions = {}
     out = [o[o.kind == "alert"] for o in engine.outputs]
@@ -139,12 +146,7 @@ def test_promoted_rule_keeps_the_live_windows_and_matches_the_reference():
     candidate = shadow_copy(live, limit="150")
     txs = [tx(i, i * 7_000, payee=i % 3, amount=f"{(i * 37) % 100}.00") for i in range(80)]
     batches = [txs[i : i + 8] for i in range(0, 80, 8)]
-    engine = Engine(0, shards=2)
-    for b in batches[:4]:
-        engine.feed(b, [live, candidate])
-    promotion = store.promotion(engine.stream.rows, candidate.rule_id)
-    for b in batches[4:]:
-        engine.feed(b, promotion)
+    engine = promoted_at(Engine(0, shards=2), batches, 4, live, candidate)
     promoted = replace(candidate, rule_id=2, state="ACTIVE", shadow_of=None)
     ref, _ = reference.run(batches, [[live]] * 4 + [[promoted]] * 6, 0)
     _assert_same(engine.hits("alert"), ref)
@@ -242,3 +244,61 @@ def test_shadow_hits_leave_for_shadow_alerts_with_the_live_rule():
     assert list(rows["alertId"]) == ["101:1", "101:2"] and list(rows["shadowOf"]) == [1, 1]
     assert set(OUTBOX["shadow_alerts"].names) - set(OUTBOX["alerts"].names) == {"shadowOf"}
     assert (rows["kind"] == "WINDOW").all() and (rows["batchId"] == 7).all()
+
+
+# ------------------------------------------------------------------------------------------ compare (pure part)
+
+
+def _alerts(rule_id, txs, key='{"payeeId":"1"}', hour=0):
+    return pd.DataFrame(
+        {
+            "alertId": [f"{rule_id}:{t}" for t in txs],
+            "key": key,
+            "eventTimeMs": [hour * HOUR_MS + t for t in txs],
+            "batchId": 0,
+        }
+    )
+
+
+def test_compare_frames_counts_keys_and_hours():
+    live = pd.concat([_alerts(5, [1, 2, 3]), _alerts(5, [10], key='{"payeeId":"2"}', hour=1)])
+    shadow = pd.concat([_alerts(105, [2, 3, 4, 5, 6]), _alerts(105, [10], key='{"payeeId":"2"}', hour=1)])
+    got = compare_frames(live, shadow)
+    assert got["counts"] == {"live": 4, "shadow": 6, "both": 3, "only_live": 1, "only_shadow": 3}
+    assert got["per_key"].to_dict("records")[0] == {"key": '{"payeeId":"1"}', "live": 3, "shadow": 5, "difference": 2}
+    assert got["per_hour"][["live", "shadow"]].values.tolist() == [[3, 5], [1, 1]]
+    c = Comparison(105, 5, (0, None), **got)
+    assert c.rates() == {"live": 2.0, "shadow": 3.0}
+    text = "\n".join(c.lines())
+    assert "overlap (both) 3, only live 1, only shadow 3" in text and "payeeId=1" in text
+    empty = compare_frames(_alerts(5, []), _alerts(105, []))
+    assert empty["counts"] == dict.fromkeys(("live", "shadow", "both", "only_live", "only_shadow"), 0)
+    assert "no key differs" in "\n".join(Comparison(105, None, (3, 3), **empty).lines())
+
+
+def test_the_period_is_the_batches_both_rules_ran_in():
+    run = Run(105, 5, (1, 2), started_ms=1_000, ended_ms=None, ended_by=None, rule_type="WINDOW")
+    committed = [(0, 900), (1, 1_500), (2, 2_500), (3, 3_500)]
+    assert batch_range(run, 1_200, committed) == (1, None)  # batch 1 committed after the first evaluation
+    assert batch_range(run, 1_200, committed, since_ms=2_000) == (2, None)
+    ended = replace(run, ended_ms=3_000, ended_by="promote:105")
+    assert batch_range(ended, 1_200, committed) == (1, 3)  # batch 3 may have run after the promotion
+    assert batch_range(run, 4_000, committed) == (4, None)  # not evaluated in any committed batch yet
+    history = [
+        {"ruleId": 105, "version": v, "ruleState": s, "ruleJson": '{"shadowOf": 5}', "updatedAt": t, "change": c}
+        for v, s, t, c in [
+            (1, "SHADOW", NOW, "create"),
+            (2, "PAUSE", NOW, "state"),
+            (3, "SHADOW", NOW, "state"),
+            (4, "SHADOW", NOW, "update"),
+            (5, "DELETE", NOW, "promote:105"),
+        ]
+    ]
+    r = shadow_run(history, 105)
+    assert (r.live_id, r.versions, r.ended_by) == (5, (3, 4), "promote:105")
+    with pytest.raises(RuleError):
+        shadow_run(history[1:2], 105)
+    assert parse_time("2h", NOW) == datetime(2025, 12, 31, 22, tzinfo=timezone.utc)
+    assert parse_time("2026-01-01T01:00:00", NOW) == datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
+    with pytest.raises(ValueError):
+        parse_time("yesterday", NOW)

@@ -131,6 +131,7 @@ class Comparison:
     per_hour: pd.DataFrame  # hour (epoch ms, event time), live, shadow
     period: tuple[int | None, int | None] = (None, None)  # event time of the first and last alert, ms
     notes: list[str] = field(default_factory=list)
+    alerts: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)  # "live", "shadow": what was compared
 
     def rates(self) -> dict[str, float]:
         """Alerts per hour of event time, over the hours from the first alert's to the last's (inclusive)."""
@@ -190,14 +191,8 @@ def compare_frames(live: pd.DataFrame, shadow: pd.DataFrame) -> dict[str, Any]:
         "only_live": len(a - b),
         "only_shadow": len(b - a),
     }
-    per_key = (
-        pd.concat([live.assign(side="live"), shadow.assign(side="shadow")])
-        .groupby(["key", "side"])
-        .size()
-        .unstack(fill_value=0)
-        .reindex(columns=["live", "shadow"], fill_value=0)
-        .reset_index()
-    )
+    sides = _sides(live, shadow)
+    per_key = _per_side(sides, "key")
     per_key["difference"] = per_key["shadow"] - per_key["live"]
     per_key = (
         per_key.assign(_abs=per_key["difference"].abs())
@@ -205,16 +200,21 @@ def compare_frames(live: pd.DataFrame, shadow: pd.DataFrame) -> dict[str, Any]:
         .drop(columns="_abs")
         .reset_index(drop=True)
     )
-    hours = pd.concat([live.assign(side="live"), shadow.assign(side="shadow")], ignore_index=True).assign(
-        hour=lambda f: f["eventTimeMs"].astype("int64") // HOUR_MS * HOUR_MS
-    )
-    per_hour = (
-        hours.groupby(["hour", "side"]).size().unstack(fill_value=0).reindex(columns=["live", "shadow"], fill_value=0)
-    )
-    per_hour = per_hour.reset_index().sort_values("hour").reset_index(drop=True)
+    per_hour = _per_side(sides.assign(hour=sides["eventTimeMs"].astype("int64") // HOUR_MS * HOUR_MS), "hour")
+    per_hour = per_hour.sort_values("hour").reset_index(drop=True)
     times = pd.concat([live["eventTimeMs"], shadow["eventTimeMs"]])
     period = (int(times.min()), int(times.max())) if len(times) else (None, None)
     return {"counts": counts, "per_key": per_key, "per_hour": per_hour, "period": period}
+
+
+def _sides(live: pd.DataFrame, shadow: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([live.assign(side="live"), shadow.assign(side="shadow")], ignore_index=True)
+
+
+def _per_side(sides: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Alerts per `by` value and side: columns by, live, shadow."""
+    counts = sides.groupby([by, "side"]).size().unstack(fill_value=0)
+    return counts.reindex(columns=["live", "shadow"], fill_value=0).reset_index()
 
 
 def compare(
@@ -250,6 +250,7 @@ def compare(
     live = alerts_in(spark, cfg, "alerts", run.live_id, first, end) if run.live_id is not None else _empty()
     shadow = alerts_in(spark, cfg, "shadow_alerts", shadow_id, first, end)
     result = compare_frames(live, shadow)
+    result["alerts"] = {"live": live, "shadow": shadow}
     notes = []
     if first_ms is None:
         notes.append("(the shadow rule has not been evaluated yet: no rule_applied record)")
@@ -277,11 +278,6 @@ def live_vs_shadow(spark: SparkSession, cfg: JobConfig, shadow_id: int, bucket_m
     """Alerts per event-time bucket of the shadow rule and its live rule over their common batches:
     columns bucket (timestamp), live, shadow (for `plots.plot_live_vs_shadow`)."""
     c = compare(spark, cfg, shadow_id)
-    first, end = c.batches
-    live = alerts_in(spark, cfg, "alerts", c.live_id, first, end) if c.live_id is not None else _empty()
-    shadow = alerts_in(spark, cfg, "shadow_alerts", shadow_id, first, end)
-    frames = [f.assign(side=side) for f, side in ((live, "live"), (shadow, "shadow"))]
-    both = pd.concat(frames, ignore_index=True)
+    both = _sides(c.alerts["live"], c.alerts["shadow"])
     both["bucket"] = pd.to_datetime(both["eventTimeMs"].astype("int64") // bucket_ms * bucket_ms, unit="ms", utc=True)
-    counts = both.groupby(["bucket", "side"]).size().unstack(fill_value=0)
-    return counts.reindex(columns=["live", "shadow"], fill_value=0).reset_index()
+    return _per_side(both, "bucket")
