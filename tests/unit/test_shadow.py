@@ -13,12 +13,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fraudrules.analyst.shadow import HOUR_MS, Comparison, Run, batch_range, compare_frames, parse_time, shadow_run
+from fraudrules.engine import logins
+from fraudrules.engine.evaluation import Batch
+from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.sinks import OUTBOX, shadow_rows
 from fraudrules.rules import store
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
 from tests.support import reference
-from tests.support.harness import Engine, rule
+from tests.support.harness import (
+    LOGIN_EVENT_COLUMNS,
+    Engine,
+    RuleStream,
+    login_event,
+    login_frame,
+    login_rule,
+    rule,
+    seed_attack,
+)
 from tests.unit.test_windowing import MIN, _assert_same, tx, workloads
 
 SHADOW_BASE = 100  # a shadow copy of rule r is rule SHADOW_BASE + r
@@ -302,3 +314,27 @@ def test_the_period_is_the_batches_both_rules_ran_in():
     assert parse_time("2026-01-01T01:00:00", NOW) == datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
     with pytest.raises(ValueError):
         parse_time("yesterday", NOW)
+
+
+def test_a_shadow_login_detector_hits_what_the_active_one_alerts():
+    live = login_rule(rule_id=100)
+    candidate = replace(login_rule(min_failures=2, rule_id=200), state="SHADOW", shadow_of=100)
+    events = [
+        *seed_attack(1),
+        login_event(2, "FAIL", "1.1.1.1", 5_000),
+        login_event(2, "FAIL", "2.2.2.2", 6_000),
+        login_event(2, "SUCCESS", "9.9.9.9", 7_000),
+    ]
+    stream = RuleStream()
+    rows = pd.concat([login_frame(events, 0), stream.changes([live, candidate], LOGIN_EVENT_COLUMNS)])
+    out, _ = logins.step(Batch.of(rows.reset_index(drop=True)), RuleSet(), {}, 0, 0, now_ms=0)
+    hits = {(int(r.ruleId), int(r.userId)): r.kind for r in out[out.kind.isin(["alert", "shadow"])].itertuples()}
+    assert hits == {(100, 1): "alert", (200, 1): "shadow", (200, 2): "shadow"}
+    again = RuleStream()
+    rows = pd.concat([login_frame(events, 0), again.changes([live, as_active(candidate)], LOGIN_EVENT_COLUMNS)])
+    out_active, _ = logins.step(Batch.of(rows.reset_index(drop=True)), RuleSet(), {}, 0, 0, now_ms=0)
+    active = out_active[(out_active.kind == "alert") & (out_active.ruleId == 200)]
+    shadow = out[out.kind == "shadow"]
+    assert list(active.details) == list(shadow.details) and list(active.userId) == list(shadow.userId)
+    rows = shadow_rows(out, batch_id=1, now_ms=0)
+    assert list(rows["alertId"]) == ["200:u1:4000", "200:u2:7000"] and set(rows["kind"]) == {"LOGIN_ANOMALY"}
