@@ -4,6 +4,8 @@ equal a direct computation from the two tables."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pyspark.sql import functions as F
 
@@ -110,3 +112,26 @@ def test_shadow_rules_promote_and_compare_on_the_running_job(spark, tmp_path):
     c101 = shadow.compare(spark, stream.cfg, 101)
     assert c101.counts["both"] == c101.counts["live"] == c101.counts["shadow"] == switch  # same tx, until the switch
     assert "promote:101" in "\n".join(c101.lines())
+
+
+def test_the_backtest_notebooks_shadow_path(spark, tmp_path):
+    """Locally (available-now, no running job): the candidate goes into SHADOW beside the live rule, new traffic
+    is generated and the job's queries run over it, then the two are compared; the live-vs-shadow chart."""
+    from fraudrules.analyst import notebook
+
+    p = {"data_dir": str(tmp_path / "data"), "available_now": "true", "generate": "true", "transactions": "600"}
+    cfg = notebook.config_from(p).with_(shards=2)
+    notebook.prepare(spark, cfg, p)
+    notebook.catch_up(spark, cfg)
+    live = notebook.live_rule(spark, cfg, 5)
+    candidate = replace(live, limit=live.limit / 2)
+    assert notebook.shadow_candidate(spark, cfg, candidate, "false", author="t") == []
+    rows = notebook.shadow_candidate(spark, cfg, candidate, "true", author="t")
+    sid = notebook.SHADOW_OFFSET + 5
+    assert [(r["ruleId"], r["ruleState"]) for r in rows] == [(sid, "SHADOW")]
+    c = notebook.compare_shadow(spark, cfg, sid, traffic=600)
+    assert c.live_id == 5 and c.counts["shadow"] > 0 and c.counts["shadow"] >= c.counts["both"]
+    assert notebook.newest_shadow_rule(spark, cfg) == sid
+    image = notebook.plot_shadow(spark, cfg, sid, str(tmp_path / "figures"), "live_vs_shadow")
+    assert (tmp_path / "figures" / "live_vs_shadow.png").stat().st_size > 5_000 and image is not None
+    assert notebook.compare_shadow(spark, cfg, 5) is None  # not a shadow rule
