@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -229,13 +229,19 @@ def compare(
         r.asDict() for r in tables.read(spark, cfg, "rule_history").where(F.col("ruleId") == shadow_id).collect()
     ]
     run = shadow_run(history, shadow_id)
-    applied = (
-        tables.read(spark, cfg, "rule_applied")
-        .where((F.col("ruleId") == shadow_id) & F.col("version").isin(*run.versions))
-        .agg(F.min("firstEvaluatedAt").alias("t"))
-        .first()
-    )
-    first_ms = _ms(applied.t) if applied is not None and applied.t is not None else None
+    first_ms = _first_evaluated(spark, cfg, shadow_id, run.versions)
+    if run.ended_by == f"promote:{shadow_id}" and run.live_id is not None:
+        # the exact switch: the first batch that evaluated the promoted version (a batch planned before the
+        # promotion, replayed after a restart, still ran the shadow rule)
+        promoted = [
+            r.version
+            for r in tables.read(spark, cfg, "rule_history")
+            .where((F.col("ruleId") == run.live_id) & (F.col("change") == run.ended_by))
+            .collect()
+        ]
+        switch_ms = _first_evaluated(spark, cfg, run.live_id, tuple(promoted)) if promoted else None
+        if switch_ms is not None:
+            run = replace(run, ended_ms=switch_ms)
     query = LOGINS_QUERY if run.rule_type == LOGIN_RULE else EVALUATE_QUERY
     committed = [
         (int(r.batchId), int(r.t))
@@ -255,8 +261,19 @@ def compare(
     if first_ms is None:
         notes.append("(the shadow rule has not been evaluated yet: no rule_applied record)")
     if run.ended_by:
-        notes.append(f"(the shadow run ended with change {run.ended_by!r} at {iso_time(run.ended_ms)})")
+        notes.append(f"(the shadow run ended with change {run.ended_by!r}, in force at {iso_time(run.ended_ms)})")
     return Comparison(shadow_id, run.live_id, (first, end), notes=notes, **result)
+
+
+def _first_evaluated(spark: SparkSession, cfg: JobConfig, rule_id: int, versions: tuple[int, ...]) -> int | None:
+    """When the first of these versions of a rule was first evaluated (`rule_applied`), ms; None if never."""
+    row = (
+        tables.read(spark, cfg, "rule_applied")
+        .where((F.col("ruleId") == int(rule_id)) & F.col("version").isin(*versions))
+        .agg(F.min("firstEvaluatedAt").alias("t"))
+        .first()
+    )
+    return _ms(row.t) if row is not None and row.t is not None else None
 
 
 def _empty() -> pd.DataFrame:
