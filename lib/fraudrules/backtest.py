@@ -48,6 +48,7 @@ class BacktestResult:
     alerts: int
     seconds: float
     per_rule: dict[int, int] = field(default_factory=dict)
+    shadow_per_rule: dict[int, int] = field(default_factory=dict)  # SHADOW rules' hits (shadow_alerts)
 
     @property
     def rate(self) -> float:
@@ -61,6 +62,7 @@ class BacktestResult:
             f"({self.rate:,.0f} events/s)",
         ]
         lines += [f"  rule {rid}: {n:,} alerts" for rid, n in sorted(self.per_rule.items())]
+        lines += [f"  shadow rule {rid}: {n:,} hits (shadow_alerts)" for rid, n in sorted(self.shadow_per_rule.items())]
         return "\n".join(lines)
 
 
@@ -82,8 +84,10 @@ def run(
     running = job.start(spark, cfg, printer=None)
     running.wait()
     seconds = time.time() - started
-    alerts = tables.read(spark, cfg, "alerts")
-    per_rule = Counter({r.ruleId: r["count"] for r in alerts.groupBy("ruleId").count().collect()})
+    per_rule, shadow = (
+        Counter({r.ruleId: r["count"] for r in tables.read(spark, cfg, name).groupBy("ruleId").count().collect()})
+        for name in ("alerts", "shadow_alerts")
+    )
     late = (
         tables.read(spark, cfg, "late_events")
         .select("kind", "transactionId", "userId", "eventTimeMs")
@@ -98,6 +102,7 @@ def run(
         alerts=sum(per_rule.values()),
         seconds=seconds,
         per_rule=dict(per_rule),
+        shadow_per_rule=dict(shadow),
     )
 
 

@@ -23,7 +23,7 @@ from fraudrules.config import TABLES, JobConfig, config_from, parse_options
 from fraudrules.paths import input_problem, is_remote, output_problem
 
 PRODUCTION_RUN = "fraudrules run --no-generator --catalog C --schema S --checkpoint-root DIR [--kafka-bootstrap ...]"
-RULE_ACTIONS = ("put", "pause", "activate", "delete", "list", "history", "export")
+RULE_ACTIONS = ("put", "shadow", "promote", "compare", "pause", "activate", "delete", "list", "history", "export")
 THRESHOLD_HELP = {
     "stale_after_s": "seconds without a committed evaluate batch, while running, before the job counts as stalled",
     "startup_grace_s": "seconds a fresh process gets to commit its first batch",
@@ -233,19 +233,26 @@ def rule_id(args: argparse.Namespace) -> int:
 def cmd_rules(args: argparse.Namespace) -> int:
     from fraudrules.rules.model import RuleError, parse_rules_text
 
-    changes, target = [], None
-    if args.action == "put":
+    changes, target, period = [], None, {}
+    if args.action in ("put", "shadow"):
         if args.target is None:
-            raise UsageError("rules put needs a rules file, or - to read them from stdin")
-        check(file_problem(args.target, "rules put"))
+            raise UsageError(f"rules {args.action} needs a rules file, or - to read them from stdin")
+        check(file_problem(args.target, f"rules {args.action}"))
         text = sys.stdin.read() if args.target == "-" else Path(args.target).read_text(encoding="utf-8")
-        changes, errors = parse_rules_text(text)
+        changes, errors = parse_rules_text(text, state="SHADOW" if args.action == "shadow" else None)
         if errors:  # nothing is applied from a file with an invalid rule
             for err in errors:
                 print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
             return 2
-    elif args.action in ("pause", "activate", "delete", "history"):
+    elif args.action in ("pause", "activate", "delete", "history", "promote", "compare"):
         target = rule_id(args)
+    if args.action == "compare":
+        from fraudrules.analyst.shadow import parse_time
+
+        try:
+            period = {k: parse_time(v) for k, v in (("since", args.since), ("until", args.until)) if v}
+        except ValueError as err:
+            raise UsageError(f"rules compare: {err}") from None
     cfg = job_config(args)
 
     from fraudrules import tables
@@ -254,7 +261,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
     spark = get_spark("fraudrules-rules")
     tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
     try:
-        for line in _rules_action(spark, cfg, args.action, changes, target, args.author):
+        if args.action == "compare":
+            lines = _compare(spark, cfg, int(target or 0), period, args.top)
+        else:
+            lines = _rules_action(spark, cfg, args.action, changes, target, args.author)
+        for line in lines:
             print(line)
     except RuleError as err:
         print(f"rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
@@ -270,13 +281,22 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
     from fraudrules.rules.model import parse_rule
 
     def describe(row: dict) -> str:
-        return rule_text(parse_rule(json.loads(row["ruleJson"])))
+        rule = parse_rule(json.loads(row["ruleJson"]))
+        return rule_text(rule) + (f" · shadows rule {rule.shadow_of}" if rule.shadow_of is not None else "")
+
+    def changed(row: dict) -> str:
+        shadows = json.loads(row["ruleJson"]).get("shadowOf")
+        return f"rule {row['ruleId']} v{row['version']} {row['ruleState']}" + (
+            f" (shadows rule {shadows})" if shadows is not None and row["ruleState"] == "SHADOW" else ""
+        )
 
     if action == "put":
-        return [
-            f"rule {row['ruleId']} v{row['version']} {row['ruleState']}"
-            for row in store.apply(spark, cfg, changes, author=author)
-        ]
+        return [changed(row) for row in store.apply(spark, cfg, changes, author=author)]
+    if action == "shadow":
+        return [changed(row) for row in store.shadow(spark, cfg, changes, author=author)]
+    if action == "promote":
+        rows = store.promote(spark, cfg, int(target or 0), author=author)
+        return [f"{changed(row)}  [{row['change']}]" for row in rows]
     if action in ("pause", "activate", "delete"):
         state = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}[action]
         row = store.set_state(spark, cfg, int(target or 0), state, author=author)
@@ -294,6 +314,14 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
             out.append(f"v{row['version']:<4} {when} {who:<12} {change:<8} {row['ruleState']:<7} {describe(row)}")
         return out
     return [f"exported to {store.export_current(spark, cfg)}"]
+
+
+def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> list[str]:
+    from fraudrules import tables
+    from fraudrules.analyst import shadow
+
+    tables.ensure(spark, cfg, "alerts", "shadow_alerts", "rule_applied", "batches")
+    return shadow.compare(spark, cfg, shadow_id, **period).lines(top)
 
 
 # ------------------------------------------------------------------------------------------ quality, status
@@ -486,12 +514,22 @@ def _add_rules(sub, parents: list[argparse.ArgumentParser]) -> None:
     ru = sub.add_parser(
         "rules",
         parents=parents,
-        help="manage rules: put, pause, activate, delete, list, history, export",
-        description="put FILE|- (a rule or a JSON list), pause ID, activate ID, delete ID, list, history ID, "
-        "export. A running job applies each change at its next micro-batch.",
+        help="manage rules: put, shadow, promote, compare, pause, activate, delete, list, history, export",
+        description="put FILE|- (a rule or a JSON list), shadow FILE|- (candidates in SHADOW: evaluated like "
+        "ACTIVE rules, hits to shadow_alerts only; `shadowOf` names the live rule challenged), promote ID (the "
+        "shadow rule replaces its live rule: one new version, one change), compare ID [--since ...] (shadow vs "
+        "live alerts over the same batches), pause ID, activate ID, delete ID, list, history ID, export. "
+        "A running job applies each change at its next micro-batch.",
     )
     ru.add_argument("action", choices=RULE_ACTIONS, help="what to do")
-    ru.add_argument("target", nargs="?", help="rules file or - (put), or a rule id (pause, activate, delete, history)")
+    ru.add_argument(
+        "target",
+        nargs="?",
+        help="rules file or - (put, shadow), or a rule id (promote, compare, pause, activate, delete, history)",
+    )
+    ru.add_argument("--since", help="compare: from this time (ISO, UTC) or age (30m, 2h, 1d); default: run start")
+    ru.add_argument("--until", help="compare: up to this time or age; default: the end of the shadow run, or now")
+    ru.add_argument("--top", type=positive_int, default=10, help="compare: keys listed that differ most")
     ru.add_argument("--author", default=os.environ.get("USER", "cli"), help="recorded in rule_history (default $USER)")
     ru.set_defaults(func=cmd_rules)
 

@@ -22,6 +22,7 @@ JOB_TABLES = (
     "rules_export",
     "rule_applied",
     "alerts",
+    "shadow_alerts",
     "late_events",
     "batches",
 )

@@ -24,6 +24,14 @@ RULE_ROW = (
     "sig long, activeSince long, epoch long, ruleJson string, updatedAt timestamp, "
     "updatedBy string"
 )
+ALERT_ROW = (
+    "alertId string, kind string, ruleId int, ruleVersion long, transactionId long, userId long, key string, "
+    "groupingKeyNames array<string>, aggregate decimal(38,18), aggregateFieldName string, "
+    "aggregatorFunctionType string, limitOperatorType string, limit decimal(38,18), windowMinutes int, "
+    "eventTime timestamp, eventTimeMs long, ingestionTimestamp long, producedAt timestamp, "
+    "producedAtMs long, publishedAtMs long, watermarkMs long, batchId long, shard int, message string, "
+    "details string"
+)
 SCHEMAS: dict[str, str] = {
     "transactions": (
         "transactionId long, eventTime long, payeeId long, beneficiaryId long, paymentAmount decimal(20,2), "
@@ -45,14 +53,9 @@ SCHEMAS: dict[str, str] = {
         "userId long, eventType string, ipAddress string, eventTimestamp long, ingestionTimestamp long, raw string, "
         "srcName string, srcPos long, ingestedAt timestamp"
     ),
-    "alerts": (
-        "alertId string, kind string, ruleId int, ruleVersion long, transactionId long, userId long, key string, "
-        "groupingKeyNames array<string>, aggregate decimal(38,18), aggregateFieldName string, "
-        "aggregatorFunctionType string, limitOperatorType string, limit decimal(38,18), windowMinutes int, "
-        "eventTime timestamp, eventTimeMs long, ingestionTimestamp long, producedAt timestamp, "
-        "producedAtMs long, publishedAtMs long, watermarkMs long, batchId long, shard int, message string, "
-        "details string"
-    ),
+    "alerts": ALERT_ROW,
+    # hits of SHADOW rules: never in `alerts` nor published; `shadowOf` = the live rule challenged, if any
+    "shadow_alerts": ALERT_ROW + ", shadowOf int",
     "late_events": (
         "kind string, transactionId long, userId long, ruleId int, ruleVersion long, key string, eventTimeMs long, "
         "watermarkMs long, reason string, detectedAt timestamp, batchId long"

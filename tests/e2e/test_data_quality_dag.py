@@ -23,7 +23,17 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM"),
 ]
 CONF = {"target": "local", "max_age_minutes": 24 * 60}  # the backtest ran in this session: fresh
-SUITES = {"transactions", "logins", "quarantine", "rules", "alerts", "late_events", "window_state", "login_state"}
+SUITES = {
+    "transactions",
+    "logins",
+    "quarantine",
+    "rules",
+    "alerts",
+    "shadow_alerts",
+    "late_events",
+    "window_state",
+    "login_state",
+}
 
 
 def test_quarantine_suite_knows_every_reason(backtest_data):
@@ -56,7 +66,12 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
     }
     result = out["xcom"]["verdict.return_value"]
     assert set(result["rows"]) == SUITES
-    assert result["rows"]["alerts"] > 0 and result["rows"]["window_state"] > 0 and result["rows"]["logins"] == 603
+    assert (
+        result["rows"]["alerts"] > 0
+        and result["rows"]["shadow_alerts"] > 0
+        and result["rows"]["window_state"] > 0
+        and result["rows"]["logins"] == 603
+    )
     assert result["rows"]["quarantine"] == 17
     tables = backtest_data / "tables"
     assert re.fullmatch(rf"{tables}/alerts @ Delta version \d+", result["read"]["alerts"])
@@ -113,6 +128,7 @@ def test_quality_dag_fails_naming_each_broken_expectation(backtest_data, tmp_pat
         "quarantine: expect_column_pair_values_to_be_in_set(kind, reason)",
         "rules: unexpected_rows_expectation(newest_version)",
         "alerts: unexpected_rows_expectation(satisfies_rule)",
+        "shadow_alerts: unexpected_rows_expectation(satisfies_rule)",
         "late_events: expect_column_pair_values_a_to_be_greater_than_b(watermarkMs, eventTimeMs)",
         "window_state: unexpected_rows_expectation(within_retention)",
         "window_state: unexpected_rows_expectation(rule_active)",

@@ -278,6 +278,8 @@ def test_05_backtest(run: Run):
     counts = ast.literal_eval(tagged_output(executed, "comparison"))
     assert list(counts) == ["live only", "candidate only", "both"]
     assert counts["live only"] == 0 and counts["both"] > 0 and counts["candidate only"] >= 0
+    # the shadow path is off by default (on: tests/integration/test_shadow_rules.py runs its helpers)
+    assert ast.literal_eval(tagged_output(executed, "shadow")) == []
     # activated: rule 5's next version is the candidate
     rule5 = [r for r in delta_read(run.table("rules")) if r["ruleId"] == 5]
     assert len(rule5) == 1 and rule5[0]["version"] == 2 and json.loads(rule5[0]["ruleJson"])["limit"] == "30000"

@@ -23,7 +23,17 @@ import pytest
 from tests.support.real_tables import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM")]
-SUITES = {"alerts", "late_events", "quarantine", "rules", "transactions", "logins", "window_state", "login_state"}
+SUITES = {
+    "alerts",
+    "shadow_alerts",
+    "late_events",
+    "quarantine",
+    "rules",
+    "transactions",
+    "logins",
+    "window_state",
+    "login_state",
+}
 
 
 def _run(cmd: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ python):
     python -m tests.support.dq_corrupt SRC_DATA_DIR DST_DATA_DIR
 
 - alerts: one alert's aggregate moved to the wrong side of its limit;
+- shadow_alerts: the same for one shadow alert;
 - transactions: one bronze row appended again (duplicate transactionId);
 - logins: one row appended again (the same record twice) and one with an IP address that is none;
 - quarantine: one reason no parser gives;
@@ -47,16 +48,22 @@ def corrupt(src: str, dst: str) -> dict:
         rules.update(condition=F.col("ruleId") == rule_id, set={**columns, "ruleJson": F.lit(text)})
 
     try:
-        alert = (
-            tables.read(spark, cfg, "alerts")
-            .where("limitOperatorType IN ('GREATER', 'GREATER_EQUAL', 'LESS', 'LESS_EQUAL')")
-            .orderBy("alertId")
-            .first()
-        )
-        below = "limit - 1" if alert.limitOperatorType.startswith("GREATER") else "limit + 1"
-        DeltaTable.forPath(spark, cfg.table("alerts")).update(
-            condition=F.col("alertId") == alert.alertId, set={"aggregate": F.expr(below)}
-        )
+
+        def wrong_side(table: str):
+            alert = (
+                tables.read(spark, cfg, table)
+                .where("limitOperatorType IN ('GREATER', 'GREATER_EQUAL', 'LESS', 'LESS_EQUAL')")
+                .orderBy("alertId")
+                .first()
+            )
+            below = "limit - 1" if alert.limitOperatorType.startswith("GREATER") else "limit + 1"
+            DeltaTable.forPath(spark, cfg.table(table)).update(
+                condition=F.col("alertId") == alert.alertId, set={"aggregate": F.expr(below)}
+            )
+            return alert
+
+        alert = wrong_side("alerts")
+        wrong_side("shadow_alerts")
         duplicate = tables.read(spark, cfg, "transactions").orderBy("transactionId").limit(1)
         tx_id = duplicate.first().transactionId
         tables.append(duplicate, cfg, "transactions")

@@ -100,6 +100,7 @@ class Engine:
         self.stream = RuleStream()
         self.max_seen: int | None = None
         self.batch_no = 0
+        self.outputs: list[pd.DataFrame] = []
 
     def feed(self, batch: list[dict], rules: list[Rule]) -> pd.DataFrame:
         wm = 0 if self.max_seen is None else max(0, self.max_seen - self.lateness_ms)
@@ -114,7 +115,9 @@ class Engine:
             top = max(tx["eventTime"] for tx in batch)
             self.max_seen = top if self.max_seen is None else max(self.max_seen, top)
         self.batch_no += 1
-        return pd.concat(outs, ignore_index=True)
+        out = pd.concat(outs, ignore_index=True)
+        self.outputs.append(out)
+        return out
 
     def run(self, batches: list[list[dict]], rules_per_batch: list[list[Rule]]):
         out = pd.concat([self.feed(b, r) for b, r in zip(batches, rules_per_batch, strict=True)], ignore_index=True)
@@ -124,6 +127,12 @@ class Engine:
             {(int(r.ruleId), int(r.transactionId)): Decimal(r.aggregate) for r in alerts.itertuples()},
             set(late.transactionId.astype(int)),
         )
+
+    def hits(self, kind: str = "alert") -> dict[tuple[int, int], Decimal]:
+        """{(ruleId, transactionId): aggregate} of every batch fed so far: alerts, or "shadow" hits."""
+        out = pd.concat(self.outputs, ignore_index=True) if self.outputs else pd.DataFrame(columns=["kind"])
+        rows = out[out.kind == kind]
+        return {(int(r.ruleId), int(r.transactionId)): Decimal(r.aggregate) for r in rows.itertuples()}
 
 
 LOGIN_EVENT_COLUMNS = (

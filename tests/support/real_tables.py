@@ -17,6 +17,17 @@ JOB_PYTHON = Path(sys.executable)
 
 RULES = REPO / "tests" / "fixtures" / "rules.json"
 LOGIN_RULE = {"ruleId": 100, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY", "windowMinutes": 10}
+SHADOW_RULE = {  # a candidate for the fixture's rule 1 with a lower limit, in SHADOW: hits in shadow_alerts
+    "ruleId": 101,
+    "ruleState": "SHADOW",
+    "shadowOf": 1,
+    "groupingKeyNames": ["payeeId", "beneficiaryId"],
+    "aggregateFieldName": "paymentAmount",
+    "aggregatorFunctionType": "SUM",
+    "limitOperatorType": "GREATER",
+    "limit": "15000",
+    "windowMinutes": 20,
+}
 FIELDS = ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType")
 
 
@@ -55,7 +66,7 @@ def real_backtest(root: Path) -> Path:
     watermark matters) in one micro-batch, then a second one of records that each hit one quarantine reason,
     which runs with the watermark the first one set; 603 login events (the last of the attacks, every 100 events,
     ends past the 600th) over the same 20 minutes, failures left open at the end, for the login detector (rule 100,
-    next to the fixture's rules)."""
+    next to the fixture's rules); and a SHADOW candidate for rule 1 (rule 101, for shadow_alerts)."""
     landing, logins = root / "landing", root / "logins"
     write_jsonl(str(landing), Workload(count=3000, events_per_second=2.5).transactions(), per_file=3000)
     write_jsonl(str(logins), LoginWorkload(count=600, events_per_second=0.5, attack_every=100).events(), per_file=600)
@@ -64,7 +75,7 @@ def real_backtest(root: Path) -> Path:
     later = time.time() + 2
     os.utime(bad, (later, later))  # taken last: its batch runs with the watermark of all the others
     rules = root / "rules.json"
-    rules.write_text(json.dumps([*json.loads(RULES.read_text()), LOGIN_RULE]))
+    rules.write_text(json.dumps([*json.loads(RULES.read_text()), LOGIN_RULE, SHADOW_RULE]))
     cmd = [str(JOB_PYTHON), "-m", "fraudrules.cli", "backtest", "--transactions", str(landing), "--logins", str(logins)]
     cmd += ["--rules", str(rules), "--out", str(root / "alerts.jsonl"), "--data-dir", str(root / "data")]
     cmd += ["--max-files-per-trigger", "1"]

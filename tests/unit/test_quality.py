@@ -20,6 +20,7 @@ SUITES = {
     "quarantine": "quarantine",
     "rules": "rules",
     "alerts": "alerts",
+    "shadow_alerts": "shadow_alerts",
     "late_events": "late_events",
     "window_state": "evaluate",
     "login_state": "detect_logins",
@@ -63,13 +64,17 @@ def test_every_expectation_states_its_invariant_and_cross_table_checks_are_queri
             if exp.expectation_type == "unexpected_rows_expectation":
                 queries.append((vd.suite.name, exp.meta["check"], exp.unexpected_rows_query))
         kinds = {e.expectation_type for e in vd.suite.expectations}
-        if vd.suite.name not in ("quarantine", "late_events", "login_state"):  # empty is their healthy state
+        if vd.suite.name not in ("quarantine", "late_events", "login_state", "shadow_alerts"):  # empty: healthy
             assert "expect_table_row_count_to_be_between" in kinds, f"{vd.suite.name} passes on zero rows"
     checks = {(suite, check) for suite, check, _ in queries}
     assert {
         ("alerts", "satisfies_rule"),
         ("alerts", "matches_rule_version"),
         ("alerts", "transaction_in_bronze"),
+        ("alerts", "not_shadow"),
+        ("shadow_alerts", "rule_was_shadow"),
+        ("shadow_alerts", "shadow_of_matches"),
+        ("shadow_alerts", "satisfies_rule"),
         ("rules", "newest_version"),
         ("window_state", "rule_active"),
         ("login_state", "within_window"),

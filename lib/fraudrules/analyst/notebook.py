@@ -12,14 +12,14 @@ import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import backtest, config, tables
-from fraudrules.analyst import display, views
+from fraudrules.analyst import display, shadow, views
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
 from fraudrules.engine import job
@@ -219,6 +219,70 @@ def backtest_candidate(
     ).cache()
     active = live if live is not None and live.state == "ACTIVE" else None
     return Comparison(result, compared, views.comparison_counts(compared), active, candidate)
+
+
+def shadow_candidate(
+    spark: SparkSession, cfg: JobConfig, candidate: Rule, confirmed: str | bool, author: str
+) -> list[dict]:
+    """Only when `confirmed`: put `candidate` in SHADOW on the running job beside the live rule it edits,
+    under the shadow id `SHADOW_OFFSET + ruleId` with `shadowOf` = its ruleId (`fraudrules rules shadow`);
+    returns the new rows. Its hits go to `shadow_alerts` from the job's next micro-batch on."""
+    if not flag(confirmed):
+        return []
+    live = store.current(spark, cfg).get(candidate.rule_id)
+    shadow_of = candidate.rule_id if live is not None and live["ruleState"] == "ACTIVE" else None
+    rule = replace(candidate, rule_id=SHADOW_OFFSET + candidate.rule_id, state="SHADOW", shadow_of=shadow_of)
+    return store.shadow(spark, cfg, [rule], author=author)
+
+
+def compare_shadow(
+    spark: SparkSession, cfg: JobConfig, shadow_id: int, wait_minutes: float = 0.0, traffic: int = 1000
+) -> shadow.Comparison | None:
+    """The shadow rule against its live rule (`fraudrules rules compare`) after `wait_minutes` of live traffic;
+    None if `shadow_id` never was a shadow rule.
+
+    Locally with available-now there is no running job: `traffic` new transactions (after the newest in
+    bronze) are generated and the job's queries run over them instead of waiting."""
+    if not any(r["ruleState"] == "SHADOW" for r in store.history(spark, cfg, shadow_id)):
+        return None
+    if cfg.available_now and not on_databricks() and cfg.source == "files":
+        more_traffic(spark, cfg, traffic)
+        for name in (INGEST_QUERY, EVALUATE_QUERY):
+            run_query(spark, cfg, name)
+    else:
+        time.sleep(max(0.0, float(wait_minutes)) * 60)
+    return shadow.compare(spark, cfg, shadow_id)
+
+
+def more_traffic(spark: SparkSession, cfg: JobConfig, count: int) -> int:
+    """`count` generated transactions after the newest in bronze (event time and id), into the landing folder."""
+    top = tables.read(spark, cfg, "transactions").agg(F.max("eventTime"), F.max("transactionId")).first()
+    start, first_id = (int(top[0]) + 1, int(top[1]) + 1) if top and top[0] is not None else (None, 1)
+    workload = Workload(count=count, seed=first_id, burst_every=250, events_per_second=5.0, first_id=first_id)
+    if start is not None:
+        workload = replace(workload, start_ms=start)
+    now = int(time.time() * 1000)
+    txs = ({**tx, "ingestionTimestamp": now} for tx in workload.transactions())
+    return write_jsonl(cfg.landing, txs, per_file=500, prefix=f"more-{first_id}")
+
+
+def newest_shadow_rule(spark: SparkSession, cfg: JobConfig) -> int | None:
+    """The rule to plot against its live rule: the newest SHADOW rule, else the last to write shadow alerts."""
+    rules = [r for r in store.current(spark, cfg).values() if r["ruleState"] == "SHADOW"]
+    if rules:
+        return max(rules, key=lambda r: (r["updatedAt"], r["ruleId"]))["ruleId"]
+    last = tables.read(spark, cfg, "shadow_alerts").orderBy(F.desc("producedAtMs")).select("ruleId").first()
+    return None if last is None else int(last.ruleId)
+
+
+def plot_shadow(spark: SparkSession, cfg: JobConfig, shadow_id: int | None, figures_dir: str, name: str) -> Any:
+    """The live-vs-shadow alerts chart of a shadow rule (saved as `<name>.png`), or why there is none."""
+    if shadow_id is None:
+        return "no shadow rules (put one with `fraudrules rules shadow FILE`)"
+    from fraudrules.analyst import plots
+
+    fig = plots.plot_live_vs_shadow(shadow.live_vs_shadow(spark, cfg, int(shadow_id)), int(shadow_id))
+    return plots.save_figure(fig, figures_dir, name)
 
 
 def export_alerts(spark: SparkSession, cfg: JobConfig, out: str | None = None) -> tuple[str, int]:

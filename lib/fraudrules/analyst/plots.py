@@ -263,6 +263,20 @@ def plot_comparison(counts: Mapping[str, int], rule_id: int | None = None) -> Fi
     return fig
 
 
+def plot_live_vs_shadow(per_bucket: Any, shadow_id: int | None = None) -> Figure:
+    """Alerts over time of a live rule and its shadow rule (input: `shadow.live_vs_shadow`)."""
+    pdf = _pandas(per_bucket)
+    fig, ax = _figure()
+    ax.plot(pdf["bucket"], pdf["live"], marker=".", label="live (alerts)")
+    ax.plot(pdf["bucket"], pdf["shadow"], marker=".", linestyle="--", label="shadow (shadow_alerts)")
+    ax.set_title("Live vs shadow rule" + (f" {shadow_id}" if shadow_id is not None else "") + ": alerts over time")
+    ax.set_xlabel("event time")
+    ax.set_ylabel("alerts")
+    ax.legend()
+    ax.tick_params(axis="x", labelrotation=30)
+    return fig
+
+
 def save_figure(fig: Any, figures_dir: str, name: str) -> Any:
     """Save a matplotlib Figure as `<figures_dir>/<name>.png`; returns the PNG as an IPython Image to show."""
     from IPython.display import Image

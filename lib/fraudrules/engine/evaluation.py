@@ -48,6 +48,19 @@ def typed(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def alert_kind(rule: Rule) -> str:
+    """Output kind of a rule's hits: "alert", or "shadow" for a SHADOW rule (to `shadow_alerts`, never published)."""
+    return "shadow" if rule.state == "SHADOW" else "alert"
+
+
+def shadowed(alerts: pd.DataFrame, rules: list[Rule]) -> pd.DataFrame:
+    """Alert rows with the SHADOW rules' hits marked as kind "shadow"."""
+    shadow = [r.rule_id for r in rules if r.state == "SHADOW"]
+    if shadow and len(alerts):
+        alerts.loc[alerts["ruleId"].isin(shadow), "kind"] = "shadow"
+    return alerts
+
+
 @dataclass
 class Batch:
     """What one shard was given: its share of the stateful stage's input rows, events and rule changes."""
@@ -181,7 +194,7 @@ def step(
     timings.lap("state_write")
 
     common = {"shard": shard, "watermark": watermark, "producedAt": now_ms}
-    alerts = _alerts(tx, keyed, result.fired, by_id)
+    alerts = shadowed(_alerts(tx, keyed, result.fired, by_id), active)
     seen = _rules_seen(keyed, by_id)
     frames = [f.assign(**common) for f in (alerts, keyed.late, seen) if len(f)]
     output = typed(pd.concat(frames, ignore_index=True)) if frames else typed(pd.DataFrame())

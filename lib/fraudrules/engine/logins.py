@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-from fraudrules.engine.evaluation import LATE_REASON, OUTPUT_COLUMNS, Batch, typed
+from fraudrules.engine.evaluation import LATE_REASON, OUTPUT_COLUMNS, Batch, alert_kind, typed
 from fraudrules.engine.messages import duration_text
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.rules.model import LOGIN_RULE, Rule
@@ -131,7 +131,7 @@ def step(
                 new_ip = ev.ipAddress not in distinct
                 if len(seq.ips) >= rule.min_failures and len(distinct) >= rule.min_distinct_ips and new_ip:
                     alert = _alert(seq, distinct, user, ev.ipAddress, t)
-                    out.append({**row, **alert, "rule": json.dumps(rule.to_json())})
+                    out.append({**row, **alert, "kind": alert_kind(rule), "rule": json.dumps(rule.to_json())})
                 del state[k]
     versions = {r.rule_id: r.version for r in active}
     out += [

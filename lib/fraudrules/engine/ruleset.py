@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fraudrules.rules.model import Rule, parse_rule
+from fraudrules.rules.model import EVALUATED, Rule, parse_rule
 
 
 @dataclass
@@ -51,17 +51,18 @@ class RuleSet:
         return self._parsed[key]
 
     def active(self, rule_type: str) -> list[Rule]:
-        """ACTIVE rules of one type (WINDOW or LOGIN_ANOMALY), by ruleId."""
+        """The rules of one type (WINDOW or LOGIN_ANOMALY) that are evaluated, by ruleId: ACTIVE ones and
+        SHADOW ones (keyed, evaluated and retained alike; only where their hits go differs)."""
         out = []
         for rid in sorted(self.rules):
-            if self.rules[rid].state == "ACTIVE":
+            if self.rules[rid].state in EVALUATED:
                 rule = self.rule(rid)
                 if rule.rule_type == rule_type:
                     out.append(rule)
         return out
 
     def windows(self, rule_type: str = "WINDOW") -> dict[int, tuple[int, int]]:
-        """ruleId -> (signature, window ms) of the ACTIVE rules of a type."""
+        """ruleId -> (signature, window ms) of the evaluated (ACTIVE and SHADOW) rules of a type."""
         return {r.rule_id: (self.rules[r.rule_id].sig, r.window_ms) for r in self.active(rule_type)}
 
     def sig(self, rule_id: int) -> int:

@@ -104,9 +104,12 @@ OUTBOX = {
     ),
     "rule_seen": pa.schema([("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64())]),
 }
+OUTBOX["shadow_alerts"] = OUTBOX["alerts"].append(pa.field("shadowOf", pa.int32()))
 # Table columns derived from outbox columns when committed.
+ALERT_TIMES = {"eventTime": "timestamp_millis(eventTimeMs)", "producedAt": "timestamp_millis(producedAtMs)"}
 DERIVED = {
-    "alerts": {"eventTime": "timestamp_millis(eventTimeMs)", "producedAt": "timestamp_millis(producedAtMs)"},
+    "alerts": ALERT_TIMES,
+    "shadow_alerts": ALERT_TIMES,
     "late_events": {"detectedAt": "timestamp_millis(detectedAtMs)"},
     "batches": {"committedAt": "timestamp_millis(committedAtMs)"},
 }
@@ -281,9 +284,10 @@ def _rule_fields(rule_json: str) -> dict:
     }
 
 
-def alert_rows(out: pd.DataFrame, batch_id: int, published_ms: int) -> pd.DataFrame:
-    """The processor's alert rows as rows of the alerts table (outbox form)."""
-    a = out[out["kind"] == "alert"].reset_index(drop=True)
+def alert_rows(out: pd.DataFrame, batch_id: int, published_ms: int, kind: str = "alert") -> pd.DataFrame:
+    """The processor's alert rows (or with kind "shadow", the SHADOW rules' hits) as rows of the alerts
+    table (outbox form)."""
+    a = out[out["kind"] == kind].reset_index(drop=True)
     if a.empty:
         return pd.DataFrame(columns=OUTBOX["alerts"].names)
     fields = pd.DataFrame([_rule_fields(r) for r in a["rule"]])
@@ -303,6 +307,12 @@ def alert_rows(out: pd.DataFrame, batch_id: int, published_ms: int) -> pd.DataFr
         watermarkMs=a["watermark"],
         batchId=batch_id,
     )
+
+
+def shadow_rows(out: pd.DataFrame, batch_id: int, now_ms: int) -> pd.DataFrame:
+    """The SHADOW rules' hits as rows of `shadow_alerts`: alert columns plus the live rule shadowed."""
+    shadow_of = [json.loads(r).get("shadowOf") for r in out.loc[out["kind"] == "shadow", "rule"]]
+    return alert_rows(out, batch_id, now_ms, kind="shadow").assign(shadowOf=pd.array(shadow_of, dtype="Int32"))
 
 
 def late_rows(out: pd.DataFrame, batch_id: int, now_ms: int) -> pd.DataFrame:
@@ -359,6 +369,7 @@ class ResultSink:
         published = int(time.time() * 1000)
         alerts["publishedAtMs"] = published
         late = late_rows(out, batch_id, published)
+        shadow = shadow_rows(out, batch_id, published)  # SHADOW rules' hits: to Delta only, never published
         measured = alerts["ingestionTimestamp"] > 0
         p50, p99, pmax = _percentiles((published - alerts["ingestionTimestamp"][measured]).to_numpy(np.float64))
         stats = [json.loads(s) for s in out.loc[out["kind"] == "stats", "details"]]
@@ -381,6 +392,7 @@ class ResultSink:
             batch_id,
             {
                 "alerts": _frame(OUTBOX["alerts"], alerts),
+                "shadow_alerts": _frame(OUTBOX["shadow_alerts"], shadow),
                 "late_events": _frame(OUTBOX["late_events"], late),
                 "batches": _frame(OUTBOX["batches"], pd.DataFrame([heartbeat])),
                 "rule_seen": _frame(OUTBOX["rule_seen"], rule_seen),

@@ -32,7 +32,10 @@ COUNT_FIELD = "COUNT_FLINK"
 RESET_FIELD = "COUNT_WITH_RESET_FLINK"
 COUNT_FIELDS = frozenset({COUNT_FIELD, RESET_FIELD})
 
-STATES = ("ACTIVE", "PAUSE", "DELETE", "CONTROL")
+STATES = ("ACTIVE", "SHADOW", "PAUSE", "DELETE", "CONTROL")
+# States whose rules are keyed and evaluated: a SHADOW rule exactly like an ACTIVE one, its hits go to
+# `shadow_alerts` instead of `alerts` (and are never published).
+EVALUATED = ("ACTIVE", "SHADOW")
 AGGREGATORS = ("SUM", "AVG", "MIN", "MAX")
 OPERATORS = ("EQUAL", "NOT_EQUAL", "GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL")
 CONTROL_TYPES = ("CLEAR_STATE_ALL", "DELETE_RULES_ALL", "EXPORT_RULES_CURRENT")
@@ -79,7 +82,13 @@ class Rule:
     rule_type: str = "WINDOW"  # or LOGIN_ANOMALY (seed 000's detector)
     min_failures: int = 3
     min_distinct_ips: int = 2
+    shadow_of: int | None = None  # a SHADOW rule's live rule (the one `rules promote` replaces), if any
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def evaluated(self) -> bool:
+        """Keyed and evaluated (ACTIVE or SHADOW)."""
+        return self.state in EVALUATED
 
     @property
     def window_ms(self) -> int:
@@ -110,6 +119,8 @@ class Rule:
         if self.state == "CONTROL":
             out["controlType"] = self.control_type
             return out
+        if self.shadow_of is not None:
+            out["shadowOf"] = self.shadow_of
         if self.rule_type == LOGIN_RULE:
             out.update(
                 ruleType=LOGIN_RULE,
@@ -249,9 +260,10 @@ def parse_rule(obj: Any) -> Rule:
             raise RuleError(rule_id, problems)
         return Rule(rule_id=rule_id, state=state, control_type=control)
 
+    shadow_of = _shadow_of(obj, rule_id, state, problems)
     rule_type = str(obj.get("ruleType", "WINDOW")).upper()
     if rule_type == LOGIN_RULE:
-        return _parse_login_rule(obj, rule_id, state, problems)
+        return replace(_parse_login_rule(obj, rule_id, state, problems), shadow_of=shadow_of)
     if rule_type != "WINDOW":
         problems.append(f"ruleType {obj.get('ruleType')!r} is not one of WINDOW, {LOGIN_RULE}")
     keys = _names(obj, "groupingKeyNames", problems, required=True)
@@ -297,6 +309,7 @@ def parse_rule(obj: Any) -> Rule:
         "controlType",
         "filter",
         "unique",
+        "shadowOf",
     }
     return Rule(
         rule_id=rule_id,
@@ -309,8 +322,26 @@ def parse_rule(obj: Any) -> Rule:
         window_minutes=window,
         filter=conditions,
         unique=unique,
+        shadow_of=shadow_of,
         extra={k: v for k, v in obj.items() if k not in known},
     )
+
+
+def _shadow_of(obj: dict[str, Any], rule_id: int, state: str | None, problems: list[str]) -> int | None:
+    """The live rule a SHADOW rule challenges (`shadowOf`); a paused or deleted shadow rule keeps it."""
+    raw = obj.get("shadowOf")
+    if raw is None:
+        return None
+    try:
+        live = _as_int(raw)
+    except (InvalidOperation, ValueError, TypeError):
+        problems.append(f"shadowOf {raw!r} is not a rule id")
+        return None
+    if live == rule_id:
+        problems.append("a rule cannot shadow itself")
+    if state == "ACTIVE":
+        problems.append(f"an ACTIVE rule shadows nothing (promote the shadow rule to replace rule {live})")
+    return live
 
 
 def _positive(obj: dict[str, Any], name: str, default: int, problems: list[str]) -> int:
@@ -341,8 +372,10 @@ def _parse_login_rule(obj: dict[str, Any], rule_id: int, state: str | None, prob
     )
 
 
-def parse_rules_text(text: str) -> tuple[list[Rule], list[RuleError]]:
-    """Parse a JSON list (or one object) of rules; valid rules and per-rule errors, in input order."""
+def parse_rules_text(text: str, state: str | None = None) -> tuple[list[Rule], list[RuleError]]:
+    """Parse a JSON list (or one object) of rules; valid rules and per-rule errors, in input order.
+
+    `state` (e.g. SHADOW for `rules shadow`) replaces every rule's `ruleState`."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -350,6 +383,8 @@ def parse_rules_text(text: str) -> tuple[list[Rule], list[RuleError]]:
     items = data if isinstance(data, list) else [data]
     rules, errors = [], []
     for item in items:
+        if state and isinstance(item, dict):
+            item = {**item, "ruleState": state}
         try:
             rules.append(parse_rule(item))
         except RuleError as err:

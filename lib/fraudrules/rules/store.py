@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.rules.codec import from_row, incarnation_sig, to_row
-from fraudrules.rules.model import Rule, RuleError
+from fraudrules.rules.model import EVALUATED, Rule, RuleError
 
 
 def _history_rows(spark: SparkSession, cfg: JobConfig) -> list[dict]:
@@ -62,20 +62,30 @@ class Plan:
 
 
 def plan(
-    rows: dict[int, dict], epoch: int, changes: list[Rule], now: datetime, author: str, change_id: str | None
+    rows: dict[int, dict],
+    epoch: int,
+    changes: list[Rule],
+    now: datetime,
+    author: str,
+    change_id: str | None,
+    label: str | None = None,
 ) -> Plan:
-    """Versions, window signatures and epochs of a change set applied to the rules in force (`rows`)."""
+    """Versions, window signatures and epochs of a change set applied to the rules in force (`rows`).
+
+    An evaluated rule (ACTIVE or SHADOW) that stays evaluated and keeps what its windows hold keeps its
+    windows, also across ACTIVE <-> SHADOW. `label`, when given, is every history row's `change`.
+    """
     rows, log, exports = dict(rows), [], []
 
     def put(rule: Rule, change: str) -> None:
         prev = rows.get(rule.rule_id)
         version = prev["version"] + 1 if prev else 1
         same_windows = (
-            prev and prev["ruleState"] == "ACTIVE" and prev["sig"] == incarnation_sig(rule, prev["activeSince"])
+            prev and prev["ruleState"] in EVALUATED and prev["sig"] == incarnation_sig(rule, prev["activeSince"])
         )
-        active_since = prev["activeSince"] if same_windows and rule.state == "ACTIVE" else version
+        active_since = prev["activeSince"] if same_windows and rule.evaluated else version
         row = to_row(rule, version, active_since, epoch, now, author)
-        rows[rule.rule_id] = {**row, "change": change, "changeId": change_id}
+        rows[rule.rule_id] = {**row, "change": label or change, "changeId": change_id}
         log.append(rows[rule.rule_id])
 
     for rule in changes:
@@ -96,20 +106,28 @@ def plan(
 
 
 def apply(
-    spark: SparkSession, cfg: JobConfig, changes: list[Rule], author: str = "cli", change_id: str | None = None
+    spark: SparkSession,
+    cfg: JobConfig,
+    changes: list[Rule],
+    author: str = "cli",
+    change_id: str | None = None,
+    label: str | None = None,
 ) -> list[dict]:
     """Apply rule changes and control commands in order; returns the changed rules' rows.
 
-    One append to `rule_history` (what the running job sees), then `rules` is rewritten. With a `change_id`
-    the call is idempotent: a change set already in the history is skipped.
+    One append to `rule_history` (what the running job sees), then `rules` is rewritten. The append is one
+    file in one commit, so the job's rule stream never splits a change set across micro-batches: every
+    shard applies all of it at the same batch boundary. With a `change_id` the call is idempotent: a change
+    set already in the history is skipped.
     """
     past = _history_rows(spark, cfg)
     if change_id and any(r["changeId"] == change_id for r in past):
         return []
     epoch = max((r["epoch"] or 0 for r in past), default=0)
-    p = plan(_latest(past), epoch, changes, datetime.now(timezone.utc), author, change_id)
+    p = plan(_latest(past), epoch, changes, datetime.now(timezone.utc), author, change_id, label)
     if p.log:
-        tables.append(spark.createDataFrame(p.log, tables.SCHEMAS["rule_history"]), cfg, "rule_history")
+        log = spark.createDataFrame(p.log, tables.SCHEMAS["rule_history"]).coalesce(1)
+        tables.append(log, cfg, "rule_history")
         latest = [{**r, "epoch": p.epoch} for r in p.rows.values()]
         tables.overwrite(spark.createDataFrame(latest, tables.SCHEMAS["rules"]), cfg, "rules")
     for snapshot in p.exports:
@@ -140,7 +158,78 @@ def set_state(spark: SparkSession, cfg: JobConfig, rule_id: int, state: str, aut
     row = current(spark, cfg).get(rule_id)
     if row is None:
         raise RuleError(rule_id, ["no such rule"])
-    return apply(spark, cfg, [replace(from_row(row), state=state)], author)[0]
+    rule = from_row(row)
+    if state == "ACTIVE" and rule.shadow_of is not None:
+        raise RuleError(rule_id, [f"it shadows rule {rule.shadow_of}: `rules promote {rule_id}` replaces that rule"])
+    return apply(spark, cfg, [replace(rule, state=state)], author)[0]
+
+
+# ------------------------------------------------------------------------------------------ shadow rules
+
+
+def shadow_changes(rows: dict[int, dict], candidates: list[Rule]) -> list[Rule]:
+    """Candidates as SHADOW rules beside the rules in force; RuleError if one would take over a live rule.
+
+    A candidate's own id must not be an ACTIVE rule (that would silence it): give it a new id and name the
+    live rule in `shadowOf`, which must exist and must not be a shadow rule itself.
+    """
+    out = []
+    for rule in candidates:
+        problems = []
+        if rule.state == "CONTROL":
+            problems.append("a control command cannot be a shadow rule")
+        prev = rows.get(rule.rule_id)
+        if prev is not None and prev["ruleState"] == "ACTIVE":
+            problems.append("is ACTIVE: shadow a candidate under a new ruleId with shadowOf naming this rule")
+        if rule.shadow_of is not None:
+            live = rows.get(rule.shadow_of)
+            if live is None:
+                problems.append(f"shadowOf {rule.shadow_of}: no such rule")
+            elif from_row(live).shadow_of is not None or live["ruleState"] == "SHADOW":
+                problems.append(f"shadowOf {rule.shadow_of}: that is a shadow rule itself")
+        if problems:
+            raise RuleError(rule.rule_id, problems)
+        out.append(replace(rule, state="SHADOW"))
+    return out
+
+
+def promotion(rows: dict[int, dict], shadow_id: int) -> list[Rule]:
+    """The change set that promotes a SHADOW rule: one change set, so one rule_history commit and one
+    rules-table rewrite, applied by every shard at the same micro-batch boundary.
+
+    With `shadowOf: L`, rule L gets one new version with the shadow's definition (ACTIVE, same ruleId L, so
+    alerts and their consumers keep the rule's identity) and the shadow rule is deleted (its state freed):
+    every transaction is evaluated by L's old version up to the switch and by the new one from it, never by
+    both, never by neither. L's windows carry on when the definition keeps what they hold (same keys,
+    aggregated field and distinct fields; e.g. a new limit), else they start afresh like any such change.
+    Without `shadowOf` the shadow rule itself becomes ACTIVE and keeps its windows.
+    """
+    row = rows.get(shadow_id)
+    if row is None:
+        raise RuleError(shadow_id, ["no such rule"])
+    if row["ruleState"] != "SHADOW":
+        raise RuleError(shadow_id, [f"is {row['ruleState']}, not SHADOW: only a shadow rule can be promoted"])
+    shadow = from_row(row)
+    if shadow.shadow_of is None:
+        return [replace(shadow, state="ACTIVE")]
+    live = rows.get(shadow.shadow_of)
+    if live is not None and live["ruleState"] == "SHADOW":
+        raise RuleError(shadow_id, [f"shadowOf {shadow.shadow_of} is a shadow rule itself"])
+    return [
+        replace(shadow, rule_id=shadow.shadow_of, state="ACTIVE", shadow_of=None),
+        replace(shadow, state="DELETE"),
+    ]
+
+
+def shadow(spark: SparkSession, cfg: JobConfig, candidates: list[Rule], author: str = "cli") -> list[dict]:
+    """Put candidate rules in SHADOW (see `shadow_changes`); returns their rows."""
+    return apply(spark, cfg, shadow_changes(current(spark, cfg), candidates), author)
+
+
+def promote(spark: SparkSession, cfg: JobConfig, shadow_id: int, author: str = "cli") -> list[dict]:
+    """Promote a SHADOW rule (see `promotion`); returns the changed rows, the promoted version first."""
+    changes = promotion(current(spark, cfg), shadow_id)
+    return apply(spark, cfg, changes, author, label=f"promote:{shadow_id}")
 
 
 def export_current(spark: SparkSession, cfg: JobConfig) -> str:
