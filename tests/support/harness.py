@@ -10,6 +10,7 @@ from decimal import Decimal
 import pandas as pd
 
 from fraudrules.engine.evaluation import Batch, step
+from fraudrules.engine.inputs import LOGIN_EVENT_COLUMNS
 from fraudrules.engine.keying import TX_COLUMNS
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Cache, Chunk, Indexed, Meta, Resets, ShardEvents
@@ -133,18 +134,6 @@ class Engine:
         out = pd.concat(self.outputs, ignore_index=True) if self.outputs else pd.DataFrame(columns=["kind"])
         rows = out[out.kind == kind]
         return {(int(r.ruleId), int(r.transactionId)): Decimal(r.aggregate) for r in rows.itertuples()}
-
-
-LOGIN_EVENT_COLUMNS = (
-    "userId",
-    "eventType",
-    "ipAddress",
-    "eventTimestamp",
-    "ingestionTimestamp",
-    "srcTime",
-    "srcId",
-    "srcPos",
-)
 
 
 def login_event(user: int, kind: str, ip: str, t: int) -> dict:
