@@ -80,10 +80,15 @@ def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
     return missing
 
 
+_VERSION_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b)")
+
+
 def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
     if cfg.uses_catalog:
         return bool(spark.catalog.tableExists(cfg.table(name)))
-    return os.path.isdir(os.path.join(cfg.table(name), "_delta_log"))
+    log = os.path.join(cfg.table(name), "_delta_log")
+    # a commit or checkpoint, not just the folder: a creation killed half-way leaves an empty log behind
+    return os.path.isdir(log) and any(_VERSION_FILE.match(f) for f in os.listdir(log))
 
 
 def first_commit(path: str, schema_json: str) -> None:
