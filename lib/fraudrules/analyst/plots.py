@@ -264,16 +264,22 @@ def plot_comparison(counts: Mapping[str, int], rule_id: int | None = None) -> Fi
 
 
 def plot_live_vs_shadow(per_bucket: Any, shadow_id: int | None = None) -> Figure:
-    """Alerts over time of a live rule and its shadow rule (input: `shadow.live_vs_shadow`)."""
+    """Alerts per event-time bucket of a live rule and its shadow rule (input: `shadow.live_vs_shadow`)."""
     pdf = _pandas(per_bucket)
-    fig, ax = _figure()
-    ax.plot(pdf["bucket"], pdf["live"], marker=".", label="live (alerts)")
-    ax.plot(pdf["bucket"], pdf["shadow"], marker=".", linestyle="--", label="shadow (shadow_alerts)")
+    fig, axes = _figure(width=9.0)
+    ax = axes[0][0]
+    if len(pdf):
+        ax.plot(pdf["bucket"], pdf["live"], marker="o", color=COLORS[0], label="live rule (alerts)")
+        ax.plot(pdf["bucket"], pdf["shadow"], marker="s", linestyle="--", color=COLORS[1], label="shadow rule")
+        ax.legend(fontsize="small", loc="upper left")
+        _time_axis(ax)
+        ax.set_ylim(bottom=0)
+    else:
+        _empty(ax)
     ax.set_title("Live vs shadow rule" + (f" {shadow_id}" if shadow_id is not None else "") + ": alerts over time")
-    ax.set_xlabel("event time")
-    ax.set_ylabel("alerts")
-    ax.legend()
-    ax.tick_params(axis="x", labelrotation=30)
+    ax.set_xlabel("event time (UTC)")
+    ax.set_ylabel("alerts per bucket")
+    _counts_axis(ax)
     return fig
 
 
