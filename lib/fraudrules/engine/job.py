@@ -8,6 +8,8 @@ on a small machine the other queries never make them wait for a core longer than
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -63,11 +65,25 @@ def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFr
     return by_user.transformWithStateInPandas(LoginProcessor(labels), OUTPUT_SCHEMA, "append", "EventTime")
 
 
+def discard_unstarted(checkpoint: str) -> bool:
+    """A checkpoint whose offset log holds no batch has run nothing: clear what a start killed before its first
+    offset was written left behind (a temporary offset file, state schema files), which Spark would otherwise
+    refuse as a non-empty checkpoint of a new query. True when something was cleared."""
+    offsets = os.path.join(checkpoint, "offsets")
+    if not os.path.isdir(checkpoint) or (os.path.isdir(offsets) and any(n.isdigit() for n in os.listdir(offsets))):
+        return False
+    leftovers = [d for d in ("offsets", "commits", "state") if os.path.isdir(os.path.join(checkpoint, d))]
+    for name in leftovers:
+        shutil.rmtree(os.path.join(checkpoint, name))
+    return bool(leftovers)
+
+
 def start_query(
     spark: SparkSession, df: DataFrame, sink: Callable[[DataFrame, int], None], cfg: JobConfig, name: str
 ) -> StreamingQuery:
     """Start one query with its foreachBatch sink, checkpoint, trigger and scheduler pool."""
     stateful = name in STATEFUL
+    discard_unstarted(cfg.checkpoint(name))
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", HOT_POOL if stateful else BACKGROUND_POOL)
     writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
     if cfg.available_now:
