@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from fraudrules.engine.messages import duration_text, iso_time, key_label, money, number, rule_text, window_message
+from fraudrules.engine.messages import iso_time, key_label, money, number, rule_text, window_message
 from fraudrules.rules.model import parse_rule
 
 PAIR = '{"payeeId":"4","beneficiaryId":"36"}'
@@ -87,7 +87,3 @@ def test_money_keys_and_times():
     assert key_label("not json") == "not json"
     assert iso_time(1_700_000_000_250) == "2023-11-14T22:13:20.250Z"
     assert iso_time(None) == "-"
-
-
-def test_durations_readable_at_every_scale():
-    assert [duration_text(ms) for ms in (0, 350, 4_200, 450_000)] == ["0 ms", "350 ms", "4.2 s", "7.5 min"]

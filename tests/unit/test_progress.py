@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fraudrules.engine import progress
+from fraudrules.engine.messages import duration_text
 
 ALERT_COLUMNS = ["ruleId", "key", "transactionId", "userId", "eventTimeMs", "message"]
 
@@ -69,7 +70,7 @@ def test_rules_in_force_in_one_line():
 
 
 def test_durations():
-    assert [progress.seconds(v) for v in (None, 850, 1_430, 125_000)] == ["-", "850 ms", "1.4 s", "2 min 5 s"]
+    assert [duration_text(v) for v in (None, 850, 1_430, 125_000)] == ["-", "850 ms", "1.4 s", "2 min 5 s"]
 
 
 def test_ctrl_c_while_starting_lets_the_step_finish_then_a_second_quits(monkeypatch):

@@ -55,13 +55,16 @@ def iso_time(ms: int | float | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
 
 
-def duration_text(ms: int) -> str:
-    """A span of event time people can read: `350 ms`, `4.2 s`, `7.5 min`."""
+def duration_text(ms: float | None) -> str:
+    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s` (`-` for none)."""
+    if ms is None or ms != ms:  # None or NaN
+        return "-"
     if ms < 1_000:
-        return f"{ms:,} ms"
+        return f"{ms:,.0f} ms"
     if ms < 60_000:
-        return f"{ms / 1_000:.1f} s"
-    return f"{ms / 60_000:.1f} min"
+        return f"{ms / 1000:,.1f} s"
+    minutes, rest = divmod(ms / 1000, 60)
+    return f"{minutes:.0f} min {rest:.0f} s"
 
 
 def aggregate_places(rule: Rule) -> int:

@@ -22,23 +22,11 @@ import pandas as pd
 from pyspark.sql.streaming import StreamingQueryListener
 
 from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY
-from fraudrules.engine.messages import iso_time
+from fraudrules.engine.messages import duration_text, iso_time
 
 Printer = Callable[[str], None]
 STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
 UNITS = {EVALUATE_QUERY: "transactions", LOGINS_QUERY: "login events"}
-
-
-def seconds(ms: float | None) -> str:
-    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s`."""
-    if ms is None or ms != ms:  # None or NaN
-        return "-"
-    if ms < 1_000:
-        return f"{ms:,.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:,.1f} s"
-    minutes, rest = divmod(ms / 1000, 60)
-    return f"{minutes:.0f} min {rest:.0f} s"
 
 
 def events_of(query: str, heartbeat: Mapping[str, Any]) -> int:
@@ -80,7 +68,7 @@ TALLIES = Tallies()  # what this process's stateful sinks report
 
 def _latency(heartbeat: Mapping[str, Any]) -> str:
     p50, p99 = heartbeat.get("latencyP50Ms"), heartbeat.get("latencyP99Ms")
-    return f"; ingestion→alert p50 {seconds(p50)}, p99 {seconds(p99)}" if p50 is not None else ""
+    return f"; ingestion→alert p50 {duration_text(p50)}, p99 {duration_text(p99)}" if p50 is not None else ""
 
 
 def alert_line(alert: Any) -> str:
@@ -130,7 +118,11 @@ def rules_in_force_lines(query: str, applied: list[Mapping[str, Any]]) -> list[s
         return []
     names = ", ".join(f"rule {r['ruleId']} v{r['version']}" for r in timed)
     low, high = min(r["delayMs"] for r in timed), max(r["delayMs"] for r in timed)
-    span = seconds(low) if seconds(low) == seconds(high) else f"{seconds(low)} to {seconds(high)}"
+    span = (
+        duration_text(low)
+        if duration_text(low) == duration_text(high)
+        else f"{duration_text(low)} to {duration_text(high)}"
+    )
     return [f"[{query}] in force: {names} (first evaluated {span} after the change)"]
 
 
@@ -162,7 +154,7 @@ class ProgressPrinter(StreamingQueryListener):
             if first:
                 self.first_batch[name] = time.monotonic()
         if first and name in STATEFUL:
-            self.printer(f"[{name}] first micro-batch done in {seconds(p.batchDuration)} (incl. start-up)")
+            self.printer(f"[{name}] first micro-batch done in {duration_text(p.batchDuration)} (incl. start-up)")
 
     def onQueryIdle(self, event) -> None:
         pass
@@ -197,7 +189,9 @@ def throughput_lines(tallies: Mapping[str, Tally], durations: Mapping[str, list[
             continue
         t = t or Tally()
         unit = UNITS[query]
-        took = f"; micro-batches took {seconds(float(np.median(times)))} (median of {len(times)})" if times else ""
+        took = (
+            f"; micro-batches took {duration_text(float(np.median(times)))} (median of {len(times)})" if times else ""
+        )
         late = f", {t.late:,} late" if t.late else ""
         lines.append(
             f"[{query}] last {period_s:.0f} s: {t.events:,} {unit} ({t.events / period_s:,.0f}/s), "
