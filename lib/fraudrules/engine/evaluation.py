@@ -53,14 +53,6 @@ def alert_kind(rule: Rule) -> str:
     return "shadow" if rule.state == "SHADOW" else "alert"
 
 
-def shadowed(alerts: pd.DataFrame, rules: list[Rule]) -> pd.DataFrame:
-    """Alert rows with the SHADOW rules' hits marked as kind "shadow"."""
-    shadow = [r.rule_id for r in rules if r.state == "SHADOW"]
-    if shadow and len(alerts):
-        alerts.loc[alerts["ruleId"].isin(shadow), "kind"] = "shadow"
-    return alerts
-
-
 @dataclass
 class Batch:
     """What one shard was given: its share of the stateful stage's input rows, events and rule changes."""
@@ -194,7 +186,7 @@ def step(
     timings.lap("state_write")
 
     common = {"shard": shard, "watermark": watermark, "producedAt": now_ms}
-    alerts = shadowed(_alerts(tx, keyed, result.fired, by_id), active)
+    alerts = _alerts(tx, keyed, result.fired, by_id)
     seen = _rules_seen(keyed, by_id)
     frames = [f.assign(**common) for f in (alerts, keyed.late, seen) if len(f)]
     output = typed(pd.concat(frames, ignore_index=True)) if frames else typed(pd.DataFrame())
@@ -212,7 +204,9 @@ def _alerts(tx: Transactions, keyed: Keyed, fired, rules: dict[int, Rule]) -> pd
         rule = rules[int(rid)]
         sel = fired_rules == rid
         rows = keyed.rows[fired.index[sel]]
-        frame = _event_rows(tx, rule, rows, kind="alert", aggregate=aggregates[sel], rule=json.dumps(rule.to_json()))
+        frame = _event_rows(
+            tx, rule, rows, kind=alert_kind(rule), aggregate=aggregates[sel], rule=json.dumps(rule.to_json())
+        )
         frame["message"] = window_messages(rule, list(frame["key"]), list(frame["aggregate"]))
         parts.append(frame)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
