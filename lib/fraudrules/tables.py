@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from fraudrules.config import JOB_TABLES, JobConfig
 
@@ -68,12 +69,17 @@ SCHEMAS: dict[str, str] = {
 }
 
 
+def schema(spark: SparkSession, name: str) -> StructType:
+    """A table's schema from its DDL in `SCHEMAS` (all columns nullable)."""
+    return spark.createDataFrame([], SCHEMAS[name]).schema
+
+
 def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
     """Create the named tables (by default the job's) that do not exist yet; returns their names."""
     missing = [n for n in names or JOB_TABLES if not exists(spark, cfg, n)]
     if not cfg.uses_catalog:
         for name in missing:
-            first_commit(cfg.table(name), spark.createDataFrame([], SCHEMAS[name]).schema.json())
+            first_commit(cfg.table(name), schema(spark, name).json())
         return missing
     with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
         list(pool.map(lambda name: _create(spark, cfg, name), missing))
@@ -125,7 +131,7 @@ def first_commit(path: str, schema_json: str) -> None:
 
 def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
     builder = DeltaTable.createIfNotExists(spark).tableName(cfg.table(name))
-    for field in spark.createDataFrame([], SCHEMAS[name]).schema.fields:
+    for field in schema(spark, name).fields:
         builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
     builder.execute()
 
@@ -211,7 +217,7 @@ def overwrite(df: DataFrame, cfg: JobConfig, name: str) -> None:
 
 def conform(df: DataFrame, name: str) -> DataFrame:
     """The table's columns, in order, cast to the table's types."""
-    fields = df.sparkSession.createDataFrame([], SCHEMAS[name]).schema.fields
+    fields = schema(df.sparkSession, name).fields
     return df.select(*(F.col(f.name).cast(f.dataType).alias(f.name) for f in fields))
 
 
