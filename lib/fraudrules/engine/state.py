@@ -142,7 +142,7 @@ def encode(ev: Events) -> bytes:
         kind = kind or pa.int64()
         arrays[name], bases[name] = pa.array((values - base).astype(kind.to_pandas_dtype()), type=kind), base
     meta = {"bases": json.dumps(bases), "pairs": json.dumps(pairs.tolist())}
-    return _ipc(pa.table(arrays).replace_schema_metadata(meta), _STORED)
+    return _ipc(pa.table(arrays).replace_schema_metadata(meta))
 
 
 def decode(blob: bytes) -> Events:
@@ -156,9 +156,9 @@ def decode(blob: bytes) -> Events:
     )
 
 
-def _ipc(table: pa.Table, options: pa.ipc.IpcWriteOptions | None) -> bytes:
+def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+    with pa.ipc.new_file(sink, table.schema, options=_STORED) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
@@ -470,7 +470,7 @@ class ShardEvents:
         by group (timsort merges the runs) is the whole sort unless a group's times interleave across chunks
         (late arrivals) or hashes collide; then a full sort."""
         ev = Events.concat([self.parts[c.id].ev for c in chunks])
-        live = np.flatnonzero(bounds.mask(ev) & ~self.resets.hidden(ev))
+        live = self._alive(ev, bounds)
         order = live[np.argsort(ev.g[live], kind="stable")]
         g, h2, t = ev.g[order], ev.h2[order], ev.t[order]
         same = g[1:] == g[:-1]
@@ -479,7 +479,11 @@ class ShardEvents:
 
     def _live(self, c: Chunk, bounds: Bounds) -> Events:
         ev = self.parts[c.id].ev
-        return ev.take(np.flatnonzero(bounds.mask(ev) & ~self.resets.hidden(ev)))
+        return ev.take(self._alive(ev, bounds))
+
+    def _alive(self, ev: Events, bounds: Bounds) -> np.ndarray:
+        """Positions of the events still in their rule's window and not emptied by a reset."""
+        return np.flatnonzero(bounds.mask(ev) & ~self.resets.hidden(ev))
 
     def _write(self, ev: Events) -> Chunk:
         c = Chunk(self.meta.next_chunk, uuid.uuid4().hex[:12], len(ev), spans_of(ev))
