@@ -15,7 +15,7 @@ export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
 
 .PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars clean
 AIRFLOW_VENV := .venv-airflow
-setup: $(VENV)/.installed $(JARS)/spark/.resolved $(AIRFLOW_VENV)/.installed
+setup: $(VENV)/.installed $(JARS)/spark/.resolved $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
 
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time).
 $(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
@@ -35,6 +35,14 @@ $(AIRFLOW_VENV)/.installed: requirements-airflow.txt
 $(JARS)/spark/.resolved: jvm/spark/pom.xml
 	mvn -q -f jvm/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	  -DoutputDirectory=$(abspath $(JARS)/spark)
+	touch $@
+
+# The local JVM's class-data archive (lib/fraudrules/session.py, tools/class_archive.py): a backtest of the test
+# fixtures records the classes it loads, later JVMs map them from the archive. Optional: without it local JVMs
+# only start slower. Rewritten when the jars or the venv change.
+$(JARS)/spark/.archived: $(JARS)/spark/.resolved $(VENV)/.installed
+	$(BIN)/python -m tools.class_archive > $(JARS)/archive.log 2>&1 \
+	  || echo "no class-data archive (see $(JARS)/archive.log): local JVMs start slower"
 	touch $@
 
 # `make run SOURCE=kafka`: transactions, logins and rule changes from topics, alerts also to a topic; without

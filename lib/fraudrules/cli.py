@@ -183,7 +183,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.data_dir is None or args.fresh:
         shutil.rmtree(work, ignore_errors=True)
     cfg = job_config(args, data_dir=work)
-    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions, short_lived=True)
     result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = backtest.write_alerts(spark, cfg, args.out)
@@ -199,7 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from fraudrules import tables
     from fraudrules.session import get_spark
 
-    spark = get_spark()
+    spark = get_spark(short_lived=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = tables.export_jsonl(spark, cfg, args.table, args.out)
     print(f"wrote {n:,} rows of {args.table} to {args.out}")
@@ -258,7 +258,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from fraudrules import tables
     from fraudrules.session import get_spark
 
-    spark = get_spark("fraudrules-rules")
+    spark = get_spark("fraudrules-rules", short_lived=True)
     tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
     try:
         if args.action == "compare":
@@ -335,7 +335,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
 
     cfg = job_config(args)
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
-    spark = get_spark("fraudrules-quality")
+    spark = get_spark("fraudrules-quality", short_lived=True)
     try:
         report = quality.run(spark, cfg, dq_dir, max_age_minutes=args.max_age_minutes)
     finally:

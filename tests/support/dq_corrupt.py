@@ -34,7 +34,7 @@ def corrupt(src: str, dst: str) -> dict:
 
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("run", "dq"))
     cfg = JobConfig(data_dir=dst)
-    spark = get_spark("dq-corrupt")
+    spark = get_spark("dq-corrupt", short_lived=True)
 
     def rewrite_rule(rule_id: int, **changes) -> None:
         rule = tables.read(spark, cfg, "rules").where(f"ruleId = {rule_id}").first()
