@@ -19,6 +19,6 @@ os.environ.setdefault("FRAUDRULES_JARS", str(Path(__file__).resolve().parents[1]
 def spark():
     from fraudrules.session import get_spark
 
-    session = get_spark("fraudrules-tests", short_lived=True)
+    session = get_spark("fraudrules-tests")
     yield session
     session.stop()

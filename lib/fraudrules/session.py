@@ -7,8 +7,9 @@ under the current directory.
 A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner
 (a process's first Delta read takes ~8 s here, later ones well under 1 s). Two remedies, both for local sessions:
 the class-data archive `make setup` writes beside the jars (classes mapped from it instead of loaded and
-verified), and, for commands that end within a minute or two (everything but the continuous job), the C1-only
-JIT, which compiles at once rather than after profiling: they run about twice as fast. A long-lived job keeps
+verified), and, for sessions that end within a minute or two (every command but `run`, the notebooks, the
+DQ task), the C1-only JIT, which compiles at once rather than after profiling: `fraudrules rules list` takes
+10 s instead of 19. Long-lived sessions (the continuous job, the bench, the test suite's shared session) keep
 the default tiered JIT for its steady-state speed.
 """
 
@@ -69,7 +70,7 @@ def jvm_options(short_lived: bool) -> str:
 def get_spark(
     app: str = "fraudrules", shuffle_partitions: int = JobConfig.shuffle_partitions, short_lived: bool = False
 ) -> SparkSession:
-    """The session: the cluster's on Databricks, else a local one. `short_lived`: a command, test or notebook
+    """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
     that ends within minutes (local JVM tuned to start fast, see above), not the continuous job."""
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -21,7 +21,14 @@ class FileStream:
         self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4, logins: bool = False
     ):
         self.spark = spark
-        self.cfg = JobConfig(data_dir=data_dir, shards=shards, lateness_ms=lateness_ms, logins=logins)
+        # every file waits for the background queries' next trigger: 0.5 s apart here, not the job's 5 s
+        self.cfg = JobConfig(
+            data_dir=data_dir,
+            shards=shards,
+            lateness_ms=lateness_ms,
+            logins=logins,
+            background_trigger_seconds=0.5,
+        )
         os.makedirs(self.cfg.landing, exist_ok=True)
         os.makedirs(self.cfg.logins_landing, exist_ok=True)
         tables.ensure(spark, self.cfg)
