@@ -118,11 +118,8 @@ def rules_in_force_lines(query: str, applied: list[Mapping[str, Any]]) -> list[s
         return []
     names = ", ".join(f"rule {r['ruleId']} v{r['version']}" for r in timed)
     low, high = min(r["delayMs"] for r in timed), max(r["delayMs"] for r in timed)
-    span = (
-        duration_text(low)
-        if duration_text(low) == duration_text(high)
-        else f"{duration_text(low)} to {duration_text(high)}"
-    )
+    first, last = duration_text(low), duration_text(high)
+    span = first if first == last else f"{first} to {last}"
     return [f"[{query}] in force: {names} (first evaluated {span} after the change)"]
 
 
