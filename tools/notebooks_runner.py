@@ -21,10 +21,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = REPO / "notebooks"
 KERNEL_NAME = "fraudrules-python"
-# Short-lived local Spark JVMs start about twice as fast without the C2 JIT compiler (measured on 2
-# busy cores: the first Delta read of a fresh JVM drops from ~45 s to ~20 s). Used unless the
-# environment already sets JDK_JAVA_OPTIONS.
-FAST_START_JVM = "-XX:TieredStopAtLevel=1"
 
 
 def notebooks(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -45,7 +41,6 @@ def kernel_spec(root: Path, env: Mapping[str, str], python: str | None = None) -
         "env": {
             "PYSPARK_PYTHON": python,
             "PYSPARK_DRIVER_PYTHON": python,
-            "JDK_JAVA_OPTIONS": os.environ.get("JDK_JAVA_OPTIONS", FAST_START_JVM),
             # The kernel runs in the output folder: name the repository's jars unless the caller did.
             "FRAUDRULES_JARS": os.environ.get("FRAUDRULES_JARS") or str(REPO / ".jars" / "spark"),
             **env,

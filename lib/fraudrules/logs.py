@@ -33,7 +33,7 @@ VERBOSE = "WARN"
 LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 CONFIG = "log4j2.properties"
 # Printed by the JVM itself, not log lines: the module system's for the vector module Spark's launcher adds, and
-# the launcher's when JDK_JAVA_OPTIONS is set (the notebooks runner sets it for a faster start).
+# the launcher's when the environment sets JDK_JAVA_OPTIONS.
 JVM_NOTICES = (b"WARNING: Using incubator modules: jdk.incubator.vector", b"NOTE: Picked up JDK_JAVA_OPTIONS:")
 
 

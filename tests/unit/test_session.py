@@ -1,0 +1,24 @@
+"""The local driver JVM's options, checked against the JDK that runs them."""
+
+import shlex
+import subprocess
+
+import pytest
+
+from fraudrules import session
+
+
+def final_flags(options: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["java", *shlex.split(options), "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True, check=True
+    ).stdout
+    return {f[1]: f[3] for f in (line.split() for line in out.splitlines()) if len(f) >= 4 and f[2] == "="}
+
+
+@pytest.mark.parametrize("short_lived", [False, True])
+def test_the_jit_keeps_a_full_size_code_cache(short_lived):
+    """C1 alone defaults to a 48 MiB code cache, which a backtest fills (the JVM then stops compiling and
+    prints a warning on stdout): short-lived sessions keep the tiered JIT's 240 MiB."""
+    flags = final_flags(session.jvm_options(short_lived))
+    assert flags["TieredStopAtLevel"] == ("1" if short_lived else "4")
+    assert int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
