@@ -48,29 +48,35 @@ def main(data_dir: str, rate: float = 100.0, step_seconds: float = 12.0) -> int:
     quiet = job.start(spark, cfg, printer=lambda line: line.startswith("[rules]") and print(line, flush=True))
     writer = RateWriter(cfg.landing, Workload(count=10**9, payees=20, seed=5).transactions(), rate=rate, realtime=True)
     writer.start()
+    dropped: dict[int, float] = {}  # version -> when its file landed (each step makes the next version)
     try:
         time.sleep(step_seconds)
         for i, (what, change) in enumerate(STEPS):
             print(f"--> {what}", flush=True)
             _drop(cfg.rules_landing, f"change-{i:02d}.json", change)
+            dropped[i + 1] = time.time()
             time.sleep(step_seconds)
     finally:
         writer.stop()
         quiet.stop()
     alerts = tables.read(spark, cfg, "alerts").groupBy("ruleId", "ruleVersion").count().orderBy("ruleVersion")
     history = tables.read(spark, cfg, "rule_history").select("ruleId", "version", "ruleState", "ruleJson")
-    applied = tables.read(spark, cfg, "rule_applied").select("ruleId", "version", "delayMs")
+    applied = tables.read(spark, cfg, "rule_applied").select("ruleId", "version", "delayMs", "firstEvaluatedAt")
     report = (
         history.join(alerts.withColumnRenamed("ruleVersion", "version"), ["ruleId", "version"], "left")
         .join(applied, ["ruleId", "version"], "left")
         .orderBy("version")
         .collect()
     )
-    print(f"\n{'version':>7} {'state':<7} {'limit':>6} {'alerts':>7} {'apply delay':>12}")
+    # apply delay: from the change's commit to `rule_history` to the first event evaluated under it (the job's
+    # own figure, rule_applied.delayMs); from the file: from the file landing, the rules query's wait included
+    print(f"\n{'version':>7} {'state':<7} {'limit':>6} {'alerts':>7} {'apply delay':>12} {'from the file':>14}")
     for r in report:
         delay = f"{r.delayMs / 1000:.2f} s" if r.delayMs is not None else "-"
+        waited = r.firstEvaluatedAt and r.firstEvaluatedAt.timestamp() - dropped[r.version]
+        since_drop = f"{waited:.2f} s" if waited else "-"
         limit = json.loads(r.ruleJson).get("limit", "")
-        print(f"{r.version:>7} {r.ruleState:<7} {limit:>6} {r['count'] or 0:>7} {delay:>12}")
+        print(f"{r.version:>7} {r.ruleState:<7} {limit:>6} {r['count'] or 0:>7} {delay:>12} {since_drop:>14}")
     spark.stop()
     return 0
 

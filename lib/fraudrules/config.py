@@ -51,7 +51,10 @@ class JobConfig:
     shuffle_partitions: int = 1
     lateness_ms: int = 60_000
     trigger_seconds: float = 0.1  # stateful queries: a micro-batch at most this often (back to back when busy)
-    background_trigger_seconds: float = 5.0  # rules, bronze ingest, results to Delta: fewer, larger commits
+    background_trigger_seconds: float = 5.0  # bronze ingest, results to Delta: fewer, larger commits
+    # Rule changes: a change waits at most this long for the rules query (an idle trigger lists the rules
+    # folder or asks the rules topic for its offsets; nothing is written unless a change came).
+    rules_trigger_seconds: float = 0.5
     available_now: bool = False
     max_files_per_trigger: int | None = None
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions

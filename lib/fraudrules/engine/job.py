@@ -78,6 +78,14 @@ def discard_unstarted(checkpoint: str) -> bool:
     return bool(leftovers)
 
 
+def trigger_seconds(cfg: JobConfig, name: str) -> float:
+    """How often a query may start a micro-batch: the stateful ones back to back, rule changes within a
+    moment, bronze ingest in fewer, larger commits."""
+    if name in STATEFUL:
+        return cfg.trigger_seconds
+    return cfg.rules_trigger_seconds if name == RULES_QUERY else cfg.background_trigger_seconds
+
+
 def start_query(
     spark: SparkSession, df: DataFrame, sink: Callable[[DataFrame, int], None], cfg: JobConfig, name: str
 ) -> StreamingQuery:
@@ -89,8 +97,7 @@ def start_query(
     if cfg.available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        seconds = cfg.trigger_seconds if stateful else cfg.background_trigger_seconds
-        writer = writer.trigger(processingTime=f"{int(seconds * 1000)} milliseconds")
+        writer = writer.trigger(processingTime=f"{int(trigger_seconds(cfg, name) * 1000)} milliseconds")
     try:
         return writer.start()
     finally:
