@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 
 from fraudrules import tables
-from fraudrules.config import QUERIES, RULES_QUERY, TRANSACTION_QUERIES, JobConfig
+from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.engine import job
 from fraudrules.engine.messages import iso_time
 from fraudrules.rules import store
@@ -83,7 +83,7 @@ def run(
     store.upsert(spark, cfg, rules, author="backtest")
     started = time.time()
     # the rules are the given ones: no rules query (it would watch a rules folder or topic)
-    names = tuple(q for q in (QUERIES if cfg.logins else TRANSACTION_QUERIES) if q != RULES_QUERY)
+    names = tuple(q for q in job.query_names(cfg) if q != RULES_QUERY)
     running = job.start(spark, cfg, printer=None, names=names)
     running.wait()
     seconds = time.time() - started

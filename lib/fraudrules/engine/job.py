@@ -172,6 +172,11 @@ def query(
     raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
 
 
+def query_names(cfg: JobConfig) -> tuple[str, ...]:
+    """The queries of the job: rules, ingest + evaluate, and (cfg.logins) the login ones."""
+    return QUERIES if cfg.logins else TRANSACTION_QUERIES
+
+
 def start(
     spark: SparkSession,
     cfg: JobConfig,
@@ -179,11 +184,11 @@ def start(
     printer: Printer | None = print,
     names: tuple[str, ...] | None = None,
 ) -> Job:
-    """Create missing tables, commit what a previous run left in the outboxes, start the queries:
-    rules, ingest + evaluate, and (cfg.logins) the login ones."""
+    """Create missing tables, commit what a previous run left in the outboxes, start the queries (`names`,
+    by default `query_names(cfg)`)."""
     tables.ensure(spark, cfg)
     raw = raw if raw is not None else raw_transactions(spark, cfg)
-    names = names or (QUERIES if cfg.logins else TRANSACTION_QUERIES)
+    names = names or query_names(cfg)
     queries, committers = {}, []
     for name in names:
         df, sink = query(spark, cfg, name, printer, raw)
