@@ -121,10 +121,13 @@ class Job:
         return list(self.by_name.values())
 
     def wait(self) -> None:
-        """Until every query ends (available-now), then everything committed."""
+        """Until every query ends (available-now), then everything committed and the committers ended (a
+        committer left running would go on watching its outbox folder, which a later job on the same
+        checkpoint fills: it would commit that job's results under its own ledger as well)."""
         for q in self.queries:
             q.awaitTermination()
-        self.commit()
+        for c in self.committers:
+            c.stop()
 
     def commit(self) -> None:
         """Commit every finished micro-batch's results to Delta now."""
