@@ -69,6 +69,12 @@ SCHEMAS: dict[str, str] = {
 }
 
 
+# Delta writes a checkpoint (a Spark job over the whole log) every `checkpointInterval` commits, synchronously
+# in the committing query. The job commits bronze and results every few seconds: at Delta's default of 10 that
+# is a multi-second stall of a background query every ~50 s, on the cores the evaluation needs.
+PROPERTIES = {"delta.checkpointInterval": "100"}
+
+
 def schema(spark: SparkSession, name: str) -> StructType:
     """A table's schema from its DDL in `SCHEMAS` (all columns nullable)."""
     return spark.createDataFrame([], SCHEMAS[name]).schema
@@ -99,7 +105,7 @@ def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
 
 def first_commit(path: str, schema_json: str) -> None:
     """Create a path table: its version 0 as `CREATE TABLE` writes it (protocol 1/2, the schema, no
-    partitions or properties), without the Spark job and Delta transaction that cost ~1 s per table. If
+    partitions, `PROPERTIES`), without the Spark job and Delta transaction that cost ~1 s per table. If
     another writer created the table first, theirs stands."""
     log = os.path.join(path, "_delta_log")
     os.makedirs(log, exist_ok=True)
@@ -113,7 +119,7 @@ def first_commit(path: str, schema_json: str) -> None:
                 "format": {"provider": "parquet", "options": {}},
                 "schemaString": schema_json,
                 "partitionColumns": [],
-                "configuration": {},
+                "configuration": PROPERTIES,
                 "createdTime": now,
             }
         },
@@ -131,6 +137,8 @@ def first_commit(path: str, schema_json: str) -> None:
 
 def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
     builder = DeltaTable.createIfNotExists(spark).tableName(cfg.table(name))
+    for key, value in PROPERTIES.items():
+        builder = builder.property(key, value)
     for field in schema(spark, name).fields:
         builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
     builder.execute()
