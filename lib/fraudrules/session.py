@@ -95,6 +95,9 @@ def get_spark(
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.adaptive.enabled", "false")
+            # Generated code is cached by its text, 100 entries by default: too few for the job's queries and
+            # Delta's own plans (the running job compiled ~4 classes a second, each also new work for the JIT)
+            .config("spark.sql.codegen.cache.maxEntries", "2000")
             .config("spark.databricks.delta.snapshotPartitions", "1")
             .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "2")
             .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
