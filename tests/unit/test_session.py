@@ -22,3 +22,11 @@ def test_the_jit_keeps_a_full_size_code_cache(short_lived):
     flags = final_flags(session.jvm_options(short_lived))
     assert flags["TieredStopAtLevel"] == ("1" if short_lived else "4")
     assert int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
+
+
+def test_only_the_lowest_java_priority_is_niced():
+    """Background threads (Thread.MIN_PRIORITY) run at nice 19; every other priority maps to nice 0."""
+    flags = final_flags(session.jvm_options(short_lived=False))
+    assert flags["ThreadPriorityPolicy"] == "1"
+    assert flags["JavaPriority1_To_OSPriority"] == "19"
+    assert {flags[f"JavaPriority{p}_To_OSPriority"] for p in range(2, 11)} == {"0"}

@@ -1,8 +1,9 @@
 """The continuous job: rule changes, bronze ingest, and the stateful queries (window rules, logins).
 
 Bronze ingest and evaluation read the same source, each with its own checkpoint, so that an alert is one
-micro-batch away from ingestion rather than two. The stateful queries run in their own scheduler pool:
-on a small machine the other queries never make them wait for a core longer than a task.
+micro-batch away from ingestion rather than two. The ingest queries run in the background scheduler pool
+(on a small machine they never make the others wait for a core longer than a task) and their stream
+threads at the lowest priority (`session.background_thread`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from fraudrules.engine.sinks import (
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
 
 STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
-HOT_POOL = "evaluate"  # the stateful queries' scheduler pool (fairscheduler.xml)
+BACKGROUND = (INGEST_QUERY, LOGINS_INGEST_QUERY)  # off the alert path: background pool, stream thread niced
+HOT_POOL = "evaluate"  # the other queries' scheduler pool (fairscheduler.xml): evaluation and rule changes
 
 
 def namespace(cfg: JobConfig, query: str) -> str:
@@ -90,9 +92,8 @@ def start_query(
     spark: SparkSession, df: DataFrame, sink: Callable[[DataFrame, int], None], cfg: JobConfig, name: str
 ) -> StreamingQuery:
     """Start one query with its foreachBatch sink, checkpoint, trigger and scheduler pool."""
-    stateful = name in STATEFUL
     discard_unstarted(cfg.checkpoint(name))
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", HOT_POOL if stateful else BACKGROUND_POOL)
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL if name in BACKGROUND else HOT_POOL)
     writer = df.writeStream.queryName(name).foreachBatch(sink).option("checkpointLocation", cfg.checkpoint(name))
     if cfg.available_now:
         writer = writer.trigger(availableNow=True)

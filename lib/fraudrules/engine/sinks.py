@@ -34,6 +34,7 @@ from fraudrules.engine.ingest import valid
 from fraudrules.engine.sources import client_options
 from fraudrules.rules import store
 from fraudrules.rules.model import LOGIN_RULE, parse_rules_text
+from fraudrules.session import background_thread
 
 Printer = Callable[[str], None]
 BACKGROUND_POOL = "background"
@@ -180,6 +181,7 @@ class Committer(threading.Thread):
 
     def run(self) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)
+        background_thread(self.spark)
         while not self.halt.is_set():
             self.wake.wait(timeout=self.min_interval_s)
             self.wake.clear()
@@ -415,6 +417,7 @@ class IngestSink:
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         spark = parsed.sparkSession
+        background_thread(spark)
         parsed.persist()
         try:
             counts = {
