@@ -52,15 +52,16 @@ BACKGROUND_NICE = (
 )
 
 
-def background_thread(spark: SparkSession) -> None:
-    """Run the calling thread's JVM side (a query's stream thread in its foreachBatch, the JVM thread that
-    serves a Python thread) at the lowest priority: nice 19 in a local session (`BACKGROUND_NICE`), no effect
-    where the JVM maps no priorities (a cluster's driver)."""
-    spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
-
-
 def on_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def background_thread(spark: SparkSession) -> None:
+    """Run the calling thread's JVM side (a query's stream thread in its foreachBatch, the JVM thread that
+    serves a Python thread) at nice 19 in a local session (`BACKGROUND_NICE`). A cluster's driver is left as
+    it is: its JVM maps no priorities, and a Spark Connect session has no JVM to reach."""
+    if not on_databricks():
+        spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
 
 
 def jars_folder() -> str:
