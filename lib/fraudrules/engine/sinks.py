@@ -106,14 +106,20 @@ OUTBOX = {
     "rule_seen": pa.schema([("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64())]),
 }
 OUTBOX["shadow_alerts"] = OUTBOX["alerts"].append(pa.field("shadowOf", pa.int32()))
-# Table columns derived from outbox columns when committed.
-ALERT_TIMES = {"eventTime": "timestamp_millis(eventTimeMs)", "producedAt": "timestamp_millis(producedAtMs)"}
-DERIVED = {
+# Table timestamps derived from outbox milliseconds when committed (column: milliseconds column).
+ALERT_TIMES = {"eventTime": "eventTimeMs", "producedAt": "producedAtMs"}
+TIMES = {
     "alerts": ALERT_TIMES,
     "shadow_alerts": ALERT_TIMES,
-    "late_events": {"detectedAt": "timestamp_millis(detectedAtMs)"},
-    "batches": {"committedAt": "timestamp_millis(committedAtMs)"},
+    "late_events": {"detectedAt": "detectedAtMs"},
+    "batches": {"committedAt": "committedAtMs"},
 }
+
+
+def with_times(rows: pa.Table, times: dict[str, str]) -> pa.Table:
+    for column, ms in times.items():
+        rows = rows.append_column(column, rows.column(ms).cast(pa.timestamp("ms", tz="UTC")))
+    return rows
 
 
 _NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
@@ -218,11 +224,9 @@ class Committer(threading.Thread):
         batches = self.outbox.pending()
         if not batches:
             return 0
-        for name in DERIVED:
+        for name, times in TIMES.items():
             if parts := self._parts(batches, name):
-                df = self.spark.createDataFrame(pa.concat_tables(parts))
-                df = df.select("*", *[F.expr(e).alias(c) for c, e in DERIVED[name].items()])
-                self.ledger(name).append(df, batches[-1])
+                self.ledger(name).append(with_times(pa.concat_tables(parts), times), batches[-1])
         if seen := self._parts(batches, "rule_seen", "rule_applied"):
             self._rule_applied(pa.concat_tables(seen).to_pandas(), batches[-1])
         self.outbox.remove(batches)
@@ -231,16 +235,15 @@ class Committer(threading.Thread):
     def _rule_applied(self, seen: pd.DataFrame, batch_id: int) -> None:
         """Record, once per rule version, the delay from its change to the first event evaluated under it."""
         if self.reported is None:
-            rows = tables.read(self.spark, self.cfg, "rule_applied").select("ruleId", "version").collect()
-            self.reported = {(r.ruleId, r.version) for r in rows}
+            rows = tables.arrow(self.spark, self.cfg, "rule_applied", ["ruleId", "version"]).to_pylist()
+            self.reported = {(r["ruleId"], r["version"]) for r in rows}
         first = seen.groupby(["ruleId", "ruleVersion"])["firstMs"].min()
         new = {k: v for k, v in first.items() if (int(k[0]), int(k[1])) not in self.reported}
         if not new:
             return
-        history = tables.read(self.spark, self.cfg, "rule_history").where("ruleState != 'CONTROL'")
-        changed = {
-            (r.ruleId, r.version): r.updatedAt for r in history.select("ruleId", "version", "updatedAt").collect()
-        }
+        columns = ["ruleId", "version", "ruleState", "updatedAt"]
+        history = tables.arrow(self.spark, self.cfg, "rule_history", columns).to_pylist()
+        changed = {(r["ruleId"], r["version"]): r["updatedAt"] for r in history if r["ruleState"] != "CONTROL"}
         records = []
         for (rule_id, version), first_ms in new.items():
             at = changed.get((int(rule_id), int(version)))
@@ -259,9 +262,7 @@ class Committer(threading.Thread):
         if self.printer:
             for line in progress.rules_in_force_lines(self.query, records):
                 self.printer(line)
-        self.ledger("rule_applied").append(
-            self.spark.createDataFrame(records, tables.SCHEMAS["rule_applied"]), batch_id
-        )
+        self.ledger("rule_applied").append(records, batch_id)
 
 
 def _rule_fields(rule_json: str) -> dict:

@@ -29,7 +29,7 @@ from fraudrules.rules.model import EVALUATED, Rule, RuleError
 
 
 def _history_rows(spark: SparkSession, cfg: JobConfig) -> list[dict]:
-    return [r.asDict(recursive=True) for r in tables.read(spark, cfg, "rule_history").collect()]
+    return tables.arrow(spark, cfg, "rule_history").to_pylist()
 
 
 def _latest(rows: list[dict]) -> dict[int, dict]:
@@ -126,10 +126,8 @@ def apply(
     epoch = max((r["epoch"] or 0 for r in past), default=0)
     p = plan(_latest(past), epoch, changes, datetime.now(timezone.utc), author, change_id, label)
     if p.log:
-        log = spark.createDataFrame(p.log, tables.SCHEMAS["rule_history"]).coalesce(1)
-        tables.append(log, cfg, "rule_history")
-        latest = [{**r, "epoch": p.epoch} for r in p.rows.values()]
-        tables.overwrite(spark.createDataFrame(latest, tables.SCHEMAS["rules"]), cfg, "rules")
+        tables.write(spark, cfg, "rule_history", p.log)
+        tables.write(spark, cfg, "rules", [{**r, "epoch": p.epoch} for r in p.rows.values()], mode="overwrite")
     for snapshot in p.exports:
         export_rows(spark, cfg, snapshot)
     return [r for r in p.log if r["ruleState"] != "CONTROL"]
