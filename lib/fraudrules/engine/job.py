@@ -194,9 +194,7 @@ def start(
     raw = raw if raw is not None else raw_transactions(spark, cfg)
     names = names or query_names(cfg)
     queries, committers = {}, []
-    # the stateful queries first: their first micro-batch is the longest way to a result (state stores, Python
-    # workers, the rules' Delta source); the others start while it plans
-    for name in sorted(names, key=lambda n: n not in STATEFUL):
+    for name in names:
         df, sink = query(spark, cfg, name, printer, raw)
         if isinstance(sink, ResultSink):
             sink.committer.commit_pending()  # a previous run's results first: Delta sees them in batch order
