@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from fraudrules import tables
 from fraudrules.config import JOB_TABLES, JobConfig
@@ -83,3 +84,24 @@ def test_a_value_delta_rs_would_not_cast_exactly_goes_through_spark(spark, tmp_p
     tables.write(spark, cfg, "alerts", rows)
     [back] = tables.read(spark, cfg, "alerts").collect()
     assert back.aggregate == Decimal("0.123456789012345679") and back.limit == Decimal("0.5")
+
+
+def test_a_new_stream_reads_every_row_with_or_without_the_first_commit_in_the_log(spark, tmp_path):
+    """A table stream starts from the first commit while the log has it, else from the snapshot (after log
+    cleanup): the same rows either way."""
+    cfg = JobConfig(data_dir=str(tmp_path))
+    tables.ensure(spark, cfg, "rule_history")
+    for version in (1, 2, 3):
+        tables.write(spark, cfg, "rule_history", [{**RULE, "version": version}])
+
+    def streamed(name: str) -> list[int]:
+        query = tables.read_stream(spark, cfg, "rule_history").writeStream.format("memory").queryName(name)
+        query.trigger(availableNow=True).start().awaitTermination()
+        return sorted(r.version for r in spark.table(name).collect())
+
+    assert streamed("from_first_commit") == [1, 2, 3]
+    DeltaTable(cfg.table("rule_history")).create_checkpoint()
+    log = tmp_path / "tables" / "rule_history" / "_delta_log"
+    for version in (0, 1):  # what log cleanup leaves: a checkpoint, the newest commits
+        (log / f"{version:020d}.json").unlink()
+    assert streamed("from_snapshot") == [1, 2, 3]
