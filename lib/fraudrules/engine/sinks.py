@@ -20,6 +20,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
@@ -476,9 +477,8 @@ class RuleChangeSink:
                     f"[rules] {os.path.basename(row.source)}: {len(applied)} rules changed, {len(problems)} rejected"
                 )
         if errors:
-            frame = spark.createDataFrame(errors, "ruleId string, raw string, reason string, source string")
-            errors_table = self.ledgers.get(spark, "rule_errors")
-            errors_table.append(frame.withColumn("receivedAt", F.current_timestamp()), batch_id)
+            received = datetime.now(timezone.utc)
+            self.ledgers.get(spark, "rule_errors").append([{**e, "receivedAt": received} for e in errors], batch_id)
 
 
 def publish_alerts(spark: SparkSession, alerts: pd.DataFrame, cfg: JobConfig) -> None:

@@ -251,7 +251,7 @@ def export_rows(spark: SparkSession, cfg: JobConfig, in_force: dict[int, dict]) 
         for r in rows
     ]
     if snapshot:
-        tables.append(spark.createDataFrame(snapshot, tables.SCHEMAS["rules_export"]), cfg, "rules_export")
+        tables.write(spark, cfg, "rules_export", snapshot)
     folder = os.path.join(cfg.data_dir, "exports")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rules-{export_id}.json")
