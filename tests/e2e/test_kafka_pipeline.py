@@ -181,9 +181,10 @@ def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
     assert bronze.select("srcPos").distinct().count() == len(good)
     assert {r.transactionId for r in bronze.select("transactionId").collect()} == {tx["transactionId"] for tx in good}
     assert tables.read(spark, cfg, "late_events").count() == 0
-    read = sum(s.numInputRows for p in progress for s in p.sources if "Kafka" in s.description)
-    assert read == len(records)  # the evaluation query read every record once (besides the rule changes)
-    assert max(p.numInputRows for p in progress) <= 250 and len(progress) >= 3  # maxOffsetsPerTrigger
+    from_kafka = [s.numInputRows for p in progress for s in p.sources if "Kafka" in s.description]
+    assert sum(from_kafka) == len(records)  # the evaluation query read every record once (besides the rule changes)
+    # maxOffsetsPerTrigger bounds the Kafka source; the rule-change stream's rows may share a micro-batch
+    assert max(from_kafka) <= 250 and len(progress) >= 3
 
     errors = tables.read(spark, cfg, "rule_errors").collect()
     assert [(e.raw, e.source) for e in errors] == [("{oops", f"{rules_topic}-0:{1:020d}")]
