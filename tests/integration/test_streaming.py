@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
+from datetime import datetime, timedelta
+from decimal import Decimal
 from fractions import Fraction
 
 import pytest
 
+from fraudrules.engine import sinks
 from fraudrules.generator import Workload
 from fraudrules.ops import state_reader
 from fraudrules.rules import store
@@ -115,7 +119,15 @@ def test_rule_changes_apply_at_the_next_batch_without_restart(spark, tmp_path):
     assert {(a.transactionId, a.ruleVersion) for a in alerts} == {(2, 1)}
 
 
-def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_path):
+@pytest.fixture(params=[sinks.ARROW_INGEST_ROWS, 0], ids=["arrow", "spark-writer"])
+def ingest_rows(request, monkeypatch):
+    """Both ways a bronze micro-batch is committed: collected as Arrow (delta-rs) and, over the bound, Spark's
+    writer."""
+    monkeypatch.setattr(sinks, "ARROW_INGEST_ROWS", request.param)
+    return request.param
+
+
+def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_path, ingest_rows):
     stream = FileStream(spark, str(tmp_path), [rule(1, field="COUNT_FLINK", op="GREATER", limit="0")]).start()
     good = {
         "transactionId": 1,
@@ -155,7 +167,14 @@ def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_pa
         6: "payeeId is not an integer",
         7: "paymentAmount has more than 2 decimal places",
     }
-    assert {r.transactionId for r in stream.table("transactions").collect()} == {1, 8}
+    bronze = {r.transactionId: r for r in stream.table("transactions").collect()}
+    assert set(bronze) == {1, 8}
+    assert bronze[8].eventTime == 2000 and bronze[8].paymentAmount == Decimal("3.00")
+    assert bronze[8].ingestionTimestamp == -1 and bronze[8].fields["eventTime"] == "2000"
+    assert json.loads(bronze[1].raw)["extra"] == {"x": 1} and bronze[1].srcPos == 0
+    stamps = [r.ingestedAt for r in bronze.values()] + [r.quarantinedAt for r in stream.table("quarantine").collect()]
+    assert all(abs(datetime.now() - t) < timedelta(minutes=10) for t in stamps)  # Spark shows them in local time
+    assert {r.kind for r in stream.table("quarantine").collect()} == {"transaction"}
     assert set(stream.alerts()) == {(1, 1), (1, 8)}
 
 

@@ -127,8 +127,11 @@ def _not_object(j: Column) -> Column:
     return j.isNull() | ~F.ltrim("value").startswith("{") | ~F.rtrim("value").endswith("}")
 
 
+def with_defaults(parsed: DataFrame) -> DataFrame:
+    """Every row, with a missing ingestionTimestamp as -1."""
+    return parsed.withColumn("ingestionTimestamp", F.coalesce("ingestionTimestamp", F.lit(-1).cast("long")))
+
+
 def valid(parsed: DataFrame) -> DataFrame:
     """Rows that passed every check, with a missing ingestionTimestamp as -1."""
-    return parsed.where(F.col("error").isNull()).withColumn(
-        "ingestionTimestamp", F.coalesce("ingestionTimestamp", F.lit(-1).cast("long"))
-    )
+    return with_defaults(parsed.where(F.col("error").isNull()))

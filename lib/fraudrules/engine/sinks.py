@@ -25,13 +25,14 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import tables
 from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.engine import progress
-from fraudrules.engine.ingest import valid
+from fraudrules.engine.ingest import valid, with_defaults
 from fraudrules.engine.sources import client_options
 from fraudrules.rules import store
 from fraudrules.rules.model import LOGIN_RULE, parse_rules_text
@@ -408,6 +409,11 @@ class ResultSink:
                 self.printer(line)
 
 
+# A bronze micro-batch up to this many records is collected as Arrow and committed through delta-rs (one Spark
+# job instead of three plus a Spark Delta commit: 0.6 -> 0.2 s a 5,000-record batch); larger ones take Spark's writer.
+ARROW_INGEST_ROWS = 250_000
+
+
 class IngestSink:
     """foreachBatch target of an ingest query: bronze and quarantine rows, each exactly once per batch
     (empty ones skipped)."""
@@ -420,6 +426,37 @@ class IngestSink:
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         spark = parsed.sparkSession
         background_thread(spark)
+        if tables.native(self.cfg):
+            records = with_defaults(parsed).limit(ARROW_INGEST_ROWS + 1).toArrow()
+            if records.num_rows <= ARROW_INGEST_ROWS:
+                self._append_arrow(spark, records, batch_id)
+                return
+        self._append_spark(parsed, batch_id)
+
+    def _append_arrow(self, spark: SparkSession, records: pa.Table, batch_id: int) -> None:
+        """The stamps come from Python: a `current_timestamp()` is a constant that Spark compiles into new code
+        at every micro-batch."""
+        stamp = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
+        bad = pc.is_valid(records.column("error"))
+        good = records.filter(pc.invert(bad))
+        if good.num_rows:
+            rows = good.append_column("raw", good.column("value"))
+            self.ledgers.get(spark, self.bronze).append(_stamped(rows, "ingestedAt", stamp), batch_id)
+        quarantined = records.filter(bad)
+        if quarantined.num_rows:
+            rows = pa.table(
+                {
+                    "kind": pa.array([self.kind] * quarantined.num_rows, pa.string()),
+                    "raw": quarantined.column("value"),
+                    "reason": quarantined.column("error"),
+                    "srcName": quarantined.column("srcName"),
+                    "srcPos": quarantined.column("srcPos"),
+                }
+            )
+            self.ledgers.get(spark, "quarantine").append(_stamped(rows, "quarantinedAt", stamp), batch_id)
+
+    def _append_spark(self, parsed: DataFrame, batch_id: int) -> None:
+        spark = parsed.sparkSession
         parsed.persist()
         try:
             counts = {
@@ -441,6 +478,12 @@ class IngestSink:
                 self.ledgers.get(spark, "quarantine").append(bad, batch_id)
         finally:
             parsed.unpersist()
+
+
+def _stamped(rows: pa.Table, column: str, stamp: pa.Scalar) -> pa.Table:
+    """`rows` plus `column` = `stamp` on every row."""
+    micros = np.full(rows.num_rows, stamp.value, dtype=np.int64)
+    return rows.append_column(column, pa.array(micros).cast(stamp.type))
 
 
 class RuleChangeSink:
