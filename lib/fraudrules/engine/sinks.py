@@ -410,7 +410,8 @@ class ResultSink:
 
 
 # A bronze micro-batch up to this many records is collected as Arrow and committed through delta-rs (one Spark
-# job instead of three plus a Spark Delta commit: 0.6 -> 0.2 s a 5,000-record batch); larger ones take Spark's writer.
+# job instead of three plus a Spark Delta commit: 0.6 -> 0.2 s a 5,000-record batch). A larger one takes Spark's
+# writer, which parses it again: what the bound check collected is a fraction of such a batch's own cost.
 ARROW_INGEST_ROWS = 250_000
 
 
