@@ -248,6 +248,14 @@ def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mappi
     return frame
 
 
+# A commit's rows written, in its operationMetrics: Spark's writer says numOutputRows, delta-rs num_added_rows
+ROWS_WRITTEN = ("numOutputRows", "num_added_rows")
+
+
+def _rows_written(metrics: Mapping[str, str]) -> str:
+    return next((metrics[k] for k in ROWS_WRITTEN if metrics.get(k) is not None), "0")
+
+
 def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> pd.DataFrame:
     """Rows a query appended to a table, per micro-batch (from the commits' batch markers, see tables.Ledger)."""
     import pandas as pd
@@ -257,7 +265,7 @@ def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> p
     for commit in history:
         marker = json.loads(commit.userMetadata) if (commit.userMetadata or "").startswith("{") else {}
         if str(marker.get("app", "")).startswith(f"{query}:"):
-            rows[int(marker["batch"])] = int((commit.operationMetrics or {}).get("numOutputRows", 0))
+            rows[int(marker["batch"])] = int(_rows_written(commit.operationMetrics or {}))
     return pd.DataFrame(sorted(rows.items()), columns=["batch", "rows"])
 
 
@@ -316,7 +324,7 @@ def history(spark: SparkSession, cfg: JobConfig, name: str = "transactions") -> 
             "version",
             "timestamp",
             "operation",
-            F.col("operationMetrics")["numOutputRows"].cast("long").alias("rows"),
+            F.coalesce(*[F.col("operationMetrics")[k] for k in ROWS_WRITTEN]).cast("long").alias("rows"),
         )
         .orderBy("version")
     )
