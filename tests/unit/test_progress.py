@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pandas as pd
 
 from fraudrules.engine import progress
@@ -97,3 +100,25 @@ def test_ctrl_c_while_starting_lets_the_step_finish_then_a_second_quits(monkeypa
     finally:
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
+
+
+def test_lines_said_by_many_threads_at_once_stay_whole(capsys):
+    """The sinks of two queries print at the same moment (`make run` once showed a login line and an
+    evaluation line run together): every line stays whole and on its own."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: a line written in two parts gets split
+    sent = [f"[query {t}] batch {i}: " + "x" * 200 for t in range(8) for i in range(300)]
+
+    def speak(t: int) -> None:
+        for line in sent[t * 300 : (t + 1) * 300]:
+            progress.say(line)
+
+    threads = [threading.Thread(target=speak, args=(t,)) for t in range(8)]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert sorted(capsys.readouterr().out.splitlines()) == sorted(sent)

@@ -31,6 +31,7 @@ from fraudrules.config import (
 from fraudrules.engine import ingest, inputs
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
+from fraudrules.engine.progress import say
 from fraudrules.engine.sinks import (
     BACKGROUND_POOL,
     Committer,
@@ -155,7 +156,7 @@ class Job:
 
 
 def query(
-    spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = print, raw: DataFrame | None = None
+    spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = say, raw: DataFrame | None = None
 ) -> tuple[DataFrame, Callable[[DataFrame, int], None]]:
     """The named query's streaming DataFrame and its foreachBatch sink (`raw`: the transactions source)."""
     if name == RULES_QUERY:
@@ -185,7 +186,7 @@ def start(
     spark: SparkSession,
     cfg: JobConfig,
     raw: DataFrame | None = None,
-    printer: Printer | None = print,
+    printer: Printer | None = say,
     names: tuple[str, ...] | None = None,
 ) -> Job:
     """Create missing tables, commit what a previous run left in the outboxes, start the queries (`names`,

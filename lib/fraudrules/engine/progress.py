@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,17 @@ from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY
 from fraudrules.engine.messages import duration_text, iso_time
 
 Printer = Callable[[str], None]
+_SAY = threading.Lock()
+
+
+def say(line: str) -> None:
+    """`print` for the job's threads (query sinks, listener, run loop): one write a line, so two lines printed at
+    the same moment never share one (print writes the text and its newline apart)."""
+    with _SAY:
+        sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()
+
+
 STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
 UNITS = {EVALUATE_QUERY: "transactions", LOGINS_QUERY: "login events"}
 
@@ -126,7 +138,7 @@ def rules_in_force_lines(query: str, applied: list[Mapping[str, Any]]) -> list[s
 class ProgressPrinter(StreamingQueryListener):
     """Query lifecycle on the console, by query name; remembers batch durations for `throughput_lines`."""
 
-    def __init__(self, printer: Printer = print):
+    def __init__(self, printer: Printer = say):
         self.printer = printer
         self.names: dict[str, str] = {}
         self.started: dict[str, float] = {}

@@ -24,7 +24,7 @@ from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import job, progress
 from fraudrules.engine.messages import rule_text
-from fraudrules.engine.progress import ProgressPrinter
+from fraudrules.engine.progress import ProgressPrinter, say
 from fraudrules.engine.sinks import Printer
 from fraudrules.rules import store
 from fraudrules.rules.model import load_rules_file
@@ -42,7 +42,7 @@ class Writer(Protocol):
     def stop(self) -> None: ...
 
 
-def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = print) -> None:
+def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = say) -> None:
     """Create missing tables; an empty rules table gets the rules of `rules_file` (if given)."""
     created = tables.ensure(spark, cfg)
     if created:
@@ -64,7 +64,7 @@ class Stop:
     with it: it ends when its parent's pipe closes).
     """
 
-    def __init__(self, printer: Printer = print) -> None:
+    def __init__(self, printer: Printer = say) -> None:
         self.requested, self.hurry = threading.Event(), threading.Event()
         self.starting: str | None = None
         self.printer = printer
@@ -88,7 +88,7 @@ def run(
     cfg: JobConfig,
     writers: Sequence[Writer] = (),
     seconds: float = 0.0,
-    printer: Printer = print,
+    printer: Printer = say,
     stop: Stop | None = None,
 ) -> BaseException | None:
     """Run the job (and start `writers`, the demo generator) until it is told to stop; the error of a query

@@ -357,7 +357,7 @@ class ResultSink:
         self,
         committer: Committer,
         publish: Callable[[pd.DataFrame], None] | None = None,
-        printer: Printer | None = print,
+        printer: Printer | None = progress.say,
         show: int = 5,
     ):
         self.committer, self.publish, self.printer, self.show = committer, publish, printer, show
@@ -490,7 +490,7 @@ def _stamped(rows: pa.Table, column: str, stamp: pa.Scalar) -> pa.Table:
 class RuleChangeSink:
     """Merges each change set into the rules table; invalid rules go to rule_errors, valid ones still apply."""
 
-    def __init__(self, cfg: JobConfig, printer: Printer | None = print):
+    def __init__(self, cfg: JobConfig, printer: Printer | None = progress.say):
         self.cfg, self.printer = cfg, printer
         self.ledgers = tables.Ledgers(cfg, RULES_QUERY)
 
