@@ -269,7 +269,7 @@ def arrow(spark: SparkSession, cfg: JobConfig, name: str, columns: Sequence[str]
     if native(cfg):
         # Arrow's own local filesystem reads the files: scanned through delta-rs's, a process sometimes aborted
         # at exit ("terminate called without an active exception", 2 short scripts in 12)
-        files = pafs.SubTreeFileSystem(os.path.abspath(cfg.table(name)), pafs.LocalFileSystem())
+        files = pafs.SubTreeFileSystem(cfg.table(name), pafs.LocalFileSystem())  # an absolute path (JobConfig.table)
         dataset = _rust_table(cfg, name).to_pyarrow_dataset(filesystem=files)
         return pa.table(dataset.to_table(columns=list(columns) if columns else None))
     df = read(spark, cfg, name)

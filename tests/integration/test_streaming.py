@@ -157,7 +157,8 @@ def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_pa
         stream.feed([{**good, "transactionId": 8, "eventTime": "2000", "paymentAmount": 3}])
     finally:
         stream.stop()
-    q = {r.srcPos: r.reason for r in stream.table("quarantine").collect()}
+    quarantined = stream.table("quarantine").collect()
+    q = {r.srcPos: r.reason for r in quarantined}
     assert q == {
         1: "malformed JSON: not a JSON object",
         2: "missing paymentAmount",
@@ -172,9 +173,9 @@ def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_pa
     assert bronze[8].eventTime == 2000 and bronze[8].paymentAmount == Decimal("3.00")
     assert bronze[8].ingestionTimestamp == -1 and bronze[8].fields["eventTime"] == "2000"
     assert json.loads(bronze[1].raw)["extra"] == {"x": 1} and bronze[1].srcPos == 0
-    stamps = [r.ingestedAt for r in bronze.values()] + [r.quarantinedAt for r in stream.table("quarantine").collect()]
+    stamps = [r.ingestedAt for r in bronze.values()] + [r.quarantinedAt for r in quarantined]
     assert all(abs(datetime.now() - t) < timedelta(minutes=10) for t in stamps)  # Spark shows them in local time
-    assert {r.kind for r in stream.table("quarantine").collect()} == {"transaction"}
+    assert {r.kind for r in quarantined} == {"transaction"}
     assert set(stream.alerts()) == {(1, 1), (1, 8)}
 
 

@@ -432,7 +432,7 @@ class IngestSink:
             if records.num_rows <= ARROW_INGEST_ROWS:
                 self._append_arrow(spark, records, batch_id)
                 return
-        self._append_spark(parsed, batch_id)
+        self._append_spark(spark, parsed, batch_id)
 
     def _append_arrow(self, spark: SparkSession, records: pa.Table, batch_id: int) -> None:
         """The stamps come from Python: a `current_timestamp()` is a constant that Spark compiles into new code
@@ -456,8 +456,7 @@ class IngestSink:
             )
             self.ledgers.get(spark, "quarantine").append(_stamped(rows, "quarantinedAt", stamp), batch_id)
 
-    def _append_spark(self, parsed: DataFrame, batch_id: int) -> None:
-        spark = parsed.sparkSession
+    def _append_spark(self, spark: SparkSession, parsed: DataFrame, batch_id: int) -> None:
         parsed.persist()
         try:
             counts = {
