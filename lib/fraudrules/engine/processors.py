@@ -22,6 +22,7 @@ from fraudrules.engine.evaluation import OUTPUT_COLUMNS, Batch, Timings, stats_r
 from fraudrules.engine.logins import decode_sequences, encode_sequences
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, Meta, Resets, ShardEvents, cache_for, death_time, drop_dead
+from fraudrules.engine.tws_input import VectorizedInput
 
 TEXT = StructType([StructField("text", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
@@ -84,7 +85,7 @@ class ShardState:
         self.meta.update((meta.to_json(),))
 
 
-class RulesProcessor(StatefulProcessor):
+class RulesProcessor(VectorizedInput, StatefulProcessor):
     """Window rules on transformWithStateInPandas; `namespace` names the shard caches of one checkpoint."""
 
     def __init__(self, lateness_ms: int, labels: list[int], namespace: str, timer_coalesce_ms: int = 10_000):
@@ -140,7 +141,7 @@ class RulesProcessor(StatefulProcessor):
 TIMER = StructType([StructField("timer", LongType())])
 
 
-class LoginProcessor(StatefulProcessor):
+class LoginProcessor(VectorizedInput, StatefulProcessor):
     """The login detector on transformWithStateInPandas: per shard its rules, open sequences, one timer."""
 
     def __init__(self, labels: list[int], timer_coalesce_ms: int = 10_000):

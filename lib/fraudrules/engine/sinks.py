@@ -128,8 +128,17 @@ _NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 
 
 def _frame(schema: pa.Schema, frame: pd.DataFrame) -> pa.Table:
-    frame = frame.reindex(columns=schema.names)
-    return pa.Table.from_pandas(frame.astype(object).where(frame.notna(), None), schema=schema, preserve_index=False)
+    """Outbox rows from pandas, column by column (NaN and NA as nulls); a column the frame lacks is null.
+    Most micro-batches have no rows for most tables: those cost nothing."""
+    if frame.empty:
+        return schema.empty_table()
+    return pa.Table.from_arrays(
+        [
+            pa.array(frame[f.name], f.type, from_pandas=True) if f.name in frame else pa.nulls(len(frame), f.type)
+            for f in schema
+        ],
+        schema=schema,
+    )
 
 
 class Outbox:
