@@ -106,8 +106,12 @@ def test_a_worker_unpickling_a_processor_installs_it(monkeypatch, processor):
     assert copy.__dict__ == processor.__dict__
 
 
-def test_another_pyspark_keeps_its_own(monkeypatch):
+@pytest.mark.parametrize("where", ["a later release", "a Databricks runtime"])
+def test_another_pyspark_keeps_its_own(monkeypatch, where):
     monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", tws_input.UPSTREAM)
-    monkeypatch.setattr(tws_input.pyspark, "__version__", "4.3.0")
+    if where == "a later release":
+        monkeypatch.setattr(tws_input.pyspark, "__version__", "4.3.0")
+    else:
+        monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
     assert not tws_input.install()
     assert TransformWithStateInPandasSerializer.load_stream is tws_input.UPSTREAM

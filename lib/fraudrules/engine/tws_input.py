@@ -10,7 +10,8 @@ test_tws_input.py` compares both on the installed PySpark).
 Installed in a Python worker when it unpickles one of the job's processors (`VectorizedInput`), before the
 worker reads its input. Only on the PySpark release it was written against, and only for batches of plain
 columns (integers, floats, booleans, strings, binary): a batch with other columns is regrouped row by row as
-upstream does, and every other PySpark (a Databricks runtime, a later release) keeps its own method.
+upstream does, and every other PySpark keeps its own method: a later release, and a Databricks runtime's (its
+own build, whatever version it reports).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pyspark
 from pyspark.sql.conversion import ArrowBatchTransformer
 from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, TransformWithStateInPandasSerializer
 from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode as Mode
+
+from fraudrules.session import on_databricks
 
 PYSPARK_RELEASE = "4.2."  # the release whose load_stream this one reproduces
 UPSTREAM = TransformWithStateInPandasSerializer.load_stream
@@ -98,8 +101,8 @@ def load_stream(self: TransformWithStateInPandasSerializer, stream) -> Iterator[
 
 
 def install() -> bool:
-    """Use `load_stream` in this process when PySpark is the release it reproduces; True if it is in use."""
-    if pyspark.__version__.startswith(PYSPARK_RELEASE):
+    """Use `load_stream` in this process when PySpark is the open-source release it reproduces; True if in use."""
+    if pyspark.__version__.startswith(PYSPARK_RELEASE) and not on_databricks():
         TransformWithStateInPandasSerializer.load_stream = load_stream
     return TransformWithStateInPandasSerializer.load_stream is load_stream
 
