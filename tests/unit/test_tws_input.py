@@ -13,6 +13,7 @@ from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
 from fraudrules.engine import tws_input
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
+from fraudrules.engine.tws_input import Mode
 
 
 def serializer(max_records: int = 10_000) -> TransformWithStateInPandasSerializer:
@@ -92,10 +93,9 @@ def test_columns_a_row_holds_differently_are_regrouped_row_by_row_as_upstream_do
 
 
 def test_an_empty_stream_only_ends_the_batch():
-    data = stream(batch([]))
-    assert [(m, k) for m, k, _, _ in read(tws_input.load_stream, serializer(), data)] == [
-        (m, None) for m, _, _, _ in read(tws_input.UPSTREAM, serializer(), stream(batch([])))
-    ]
+    ours = read(tws_input.load_stream, serializer(), stream(batch([])))
+    assert [(m, k) for m, k, _, _ in ours] == [(Mode.PROCESS_TIMER, None), (Mode.COMPLETE, None)]
+    assert_same(ours, read(tws_input.UPSTREAM, serializer(), stream(batch([]))))
 
 
 @pytest.mark.parametrize("processor", [RulesProcessor(60_000, [7], "ns"), LoginProcessor([7])])

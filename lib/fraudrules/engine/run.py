@@ -24,8 +24,7 @@ from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import job, progress
 from fraudrules.engine.messages import rule_text
-from fraudrules.engine.progress import ProgressPrinter, say
-from fraudrules.engine.sinks import Printer
+from fraudrules.engine.progress import Printer, ProgressPrinter, say
 from fraudrules.rules import store
 from fraudrules.rules.model import load_rules_file
 

@@ -33,12 +33,12 @@ from fraudrules import tables
 from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.engine import progress
 from fraudrules.engine.ingest import valid, with_defaults
+from fraudrules.engine.progress import Printer
 from fraudrules.engine.sources import client_options
 from fraudrules.rules import store
 from fraudrules.rules.model import LOGIN_RULE, parse_rules_text
 from fraudrules.session import background_thread
 
-Printer = Callable[[str], None]
 BACKGROUND_POOL = "background"
 
 # Outbox rows: plain types (times in ms); the committer derives the tables' timestamps and decimals.
