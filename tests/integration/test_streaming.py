@@ -127,6 +127,31 @@ def ingest_rows(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize(
+    ("sizes", "bound", "collected"),
+    [
+        ((4, 3, 3), 12, 10),  # within every partition's share (12 // 3 = 4): all rows, in order
+        ((4, 0, 3), 12, 7),  # an empty partition
+        ((5, 1, 1), 12, None),  # 7 rows in all, but one partition holds more than its share
+        ((4, 4, 4), 11, None),  # every partition over its share (3)
+        ((0, 0, 0), 0, 0),
+        ((1, 0, 0), 0, None),
+    ],
+)
+def test_a_bronze_batch_is_collected_only_within_each_partitions_share(spark, sizes, bound, collected):
+    """The bound on what a bronze micro-batch collects into the driver holds per partition, without a shuffle."""
+    rows = [(p, i) for p, n in enumerate(sizes) for i in range(n)]
+    parts = spark.sparkContext.parallelize(range(len(sizes)), len(sizes))  # partition p: the rows of part p
+    df = spark.createDataFrame(parts.flatMap(lambda p: [(p, i) for i in range(sizes[p])]), "part int, i int")
+    assert df.rdd.glom().map(len).collect() == list(sizes)
+    table = sinks.collect_bounded(df, bound)
+    if collected is None:
+        assert table is None
+    else:
+        assert table.column_names == ["part", "i"] and table.to_pylist() == [{"part": p, "i": i} for p, i in rows]
+        assert table.num_rows == collected
+
+
 def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_path, ingest_rows):
     stream = FileStream(spark, str(tmp_path), [rule(1, field="COUNT_FLINK", op="GREATER", limit="0")]).start()
     good = {

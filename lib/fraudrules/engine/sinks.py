@@ -422,6 +422,21 @@ class ResultSink:
 # job instead of three plus a Spark Delta commit: 0.6 -> 0.2 s a 5,000-record batch). A larger one takes Spark's
 # writer, which parses it again: what the bound check collected is a fraction of such a batch's own cost.
 ARROW_INGEST_ROWS = 250_000
+POSITION_MASK = (1 << 33) - 1  # monotonically_increasing_id(): partition index << 33 | position in the partition
+
+
+def collect_bounded(df: DataFrame, rows: int) -> pa.Table | None:
+    """`df` as Arrow when no partition holds more than its share of `rows`, else None (nothing is collected
+    beyond that share, plus one row, of each partition).
+
+    Bounded per partition, not by `limit`: a limit under a collect moves every row to one partition first
+    (a shuffle: 1.3-1.6 s of CPU for the 200,000-record micro-batch of a backtest)."""
+    share = rows // max(df.rdd.getNumPartitions(), 1)
+    position = F.monotonically_increasing_id().bitwiseAND(F.lit(POSITION_MASK))
+    records = df.withColumn("_position", position).where(F.col("_position") <= share).toArrow()
+    if records.num_rows and pc.max(records.column("_position")).as_py() == share:  # a partition had more
+        return None
+    return records.drop_columns(["_position"])
 
 
 class IngestSink:
@@ -437,8 +452,8 @@ class IngestSink:
         spark = parsed.sparkSession
         background_thread(spark)
         if tables.native(self.cfg):
-            records = with_defaults(parsed).limit(ARROW_INGEST_ROWS + 1).toArrow()
-            if records.num_rows <= ARROW_INGEST_ROWS:
+            records = collect_bounded(with_defaults(parsed), ARROW_INGEST_ROWS)
+            if records is not None:
                 self._append_arrow(spark, records, batch_id)
                 return
         self._append_spark(spark, parsed, batch_id)
