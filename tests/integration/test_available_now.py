@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fraudrules import tables
-from fraudrules.config import EVALUATE_QUERY, JobConfig
+from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY, JobConfig
 from fraudrules.engine import job
 from fraudrules.generator import Workload, write_jsonl
 from fraudrules.rules import store
@@ -29,3 +29,30 @@ def test_wait_commits_every_batch_once_and_ends_the_committers(spark, tmp_path):
     assert sorted(r.batchId for r in beats) == ran
     alerts = tables.read(spark, cfg, "alerts")
     assert alerts.count() == alerts.select("alertId").distinct().count() > 0
+
+
+def _stateful_plans(running: job.Job, names: tuple[str, ...]) -> dict[str, str]:
+    return {n: running.by_name[n]._jsq.explainInternal(False) for n in names}
+
+
+@pytest.mark.parametrize("available_now", [False, True], ids=["continuous", "available-now"])
+def test_with_one_state_partition_only_available_now_runs_shuffle_before_the_stateful_operators(
+    spark, tmp_path, available_now
+):
+    """The continuous job reads, parses and evaluates a micro-batch in one stage (a shuffle would add a second
+    stage to every micro-batch); an available-now run's large micro-batches are parsed on every core first."""
+    cfg = JobConfig(data_dir=str(tmp_path), available_now=available_now, logins=True)
+    tables.ensure(spark, cfg)
+    store.upsert(spark, cfg, load_rules_file(str(RULES)), "test")
+    write_jsonl(cfg.landing, Workload(count=300).transactions(), per_file=100)
+    names = (EVALUATE_QUERY, LOGINS_QUERY)
+    running = job.start(spark, cfg, printer=None, names=names)
+    try:
+        running.wait() if available_now else running.process_all_available()
+        plans = _stateful_plans(running, names)
+    finally:
+        running.stop()
+    for name, plan in plans.items():
+        assert "TransformWithStateInPySpark" in plan, name
+        assert ("Exchange" in plan) == available_now, name
+        assert ("Coalesce 1" in plan) != available_now, name
