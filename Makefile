@@ -15,7 +15,7 @@ export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
 
 .PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars clean
 AIRFLOW_VENV := .venv-airflow
-setup: $(VENV)/.installed $(JARS)/spark/.resolved $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
+setup: $(VENV)/.installed $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
 
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time).
 $(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
@@ -37,10 +37,22 @@ $(JARS)/spark/.resolved: jvm/spark/pom.xml
 	  -DoutputDirectory=$(abspath $(JARS)/spark)
 	touch $@
 
+# Hadoop's local file system without a forked `chmod` for every file it creates (jvm/localfs; see
+# lib/fraudrules/session.py), compiled against the Hadoop API jar of the pyspark wheel. Optional: without it local
+# sessions only write their checkpoint, state and Delta files slower.
+LOCALFS_SOURCES := $(wildcard jvm/localfs/src/io/fraudrules/hadoop/*.java)
+HADOOP_API = $(BIN)/python -c 'import glob, os, pyspark; print(*glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar")), sep=":")'
+$(JARS)/spark/driver/.built: $(LOCALFS_SOURCES) $(VENV)/.installed
+	rm -rf $(JARS)/spark/driver && mkdir -p $(JARS)/spark/driver/classes
+	{ javac -nowarn --release 17 -d $(JARS)/spark/driver/classes -cp "$$($(HADOOP_API))" $(LOCALFS_SOURCES) \
+	  && jar cf $(JARS)/spark/driver/fraudrules-localfs.jar -C $(JARS)/spark/driver/classes io; } \
+	  || echo "no fraudrules-localfs.jar (javac or jar failed): local sessions fork chmod for every file they create"
+	touch $@
+
 # The local JVM's class-data archive (lib/fraudrules/session.py, tools/class_archive.py): a backtest of the test
 # fixtures records the classes it loads, later JVMs map them from the archive. Optional: without it local JVMs
 # only start slower. Rewritten when the jars or the venv change.
-$(JARS)/spark/.archived: $(JARS)/spark/.resolved $(VENV)/.installed
+$(JARS)/spark/.archived: $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(VENV)/.installed
 	$(BIN)/python -m tools.class_archive > $(JARS)/archive.log 2>&1 \
 	  || echo "no class-data archive (see $(JARS)/archive.log): local JVMs start slower"
 	touch $@

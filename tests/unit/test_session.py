@@ -30,3 +30,24 @@ def test_only_the_lowest_java_priority_is_niced():
     assert flags["ThreadPriorityPolicy"] == "1"
     assert flags["JavaPriority1_To_OSPriority"] == "19"
     assert {flags[f"JavaPriority{p}_To_OSPriority"] for p in range(2, 11)} == {"0"}
+
+
+@pytest.mark.parametrize(
+    ("master", "built", "expected"),
+    [
+        ("local[2]", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
+        ("local[2]", False, {}),  # not built (no javac): Hadoop's own local file system
+        ("spark://host:7077", True, {}),  # executors elsewhere would not have the class
+    ],
+)
+def test_the_no_fork_local_file_system_only_where_it_is_built_and_the_session_is_local(
+    tmp_path, monkeypatch, master, built, expected
+):
+    monkeypatch.setenv("FRAUDRULES_JARS", str(tmp_path))
+    jar = tmp_path / session.LOCAL_FS_JAR
+    if built:
+        jar.parent.mkdir()
+        jar.write_bytes(b"")
+    options = session.local_fs_options(master)
+    assert {k: v for k, v in options.items() if k != "spark.driver.extraClassPath"} == expected
+    assert options.get("spark.driver.extraClassPath") == (str(jar) if expected else None)
