@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import sys
 from importlib import resources
 from typing import Any
@@ -82,12 +83,13 @@ def local_jars() -> list[str]:
 
 
 def local_fs_options(master: str) -> dict[str, str]:
-    """`file:` paths through LOCAL_FS in a local session, when `make setup` built it. Without Hadoop's native
-    library (the pyspark wheel has none) the stock local file system forks a `chmod` of the whole driver JVM for
-    every file it creates: checkpoint, state and Delta files, several per micro-batch (walCommit and
-    commitOffsets took 9-11 ms each, 2 ms without)."""
+    """`file:` paths through LOCAL_FS in a local session (one JVM, not `local-cluster`), when `make setup` built
+    it. Without Hadoop's native library (the pyspark wheel has none) the stock local file system forks a `chmod`
+    of the whole driver JVM for every file it creates: checkpoint logs, state store and Parquet files, several
+    per micro-batch (walCommit and commitOffsets took 9-11 ms each, 2 ms without). Delta's own log writes go
+    through Hadoop's FileContext, which this does not change."""
     jar = os.path.join(jars_folder(), LOCAL_FS_JAR)
-    if not master.startswith("local") or not os.path.exists(jar):
+    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or not os.path.exists(jar):
         return {}
     return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
 
@@ -144,8 +146,9 @@ def get_spark(
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
             .config("spark.driver.extraJavaOptions", jvm_options(short_lived))  # logs quiet from its first line
         )
-        for key, value in local_fs_options(master).items():
-            builder = builder.config(key, value)
+        if SparkContext._gateway is None:  # a class path is the JVM's from its launch: only for a new one
+            for key, value in local_fs_options(master).items():
+                builder = builder.config(key, value)
         with logs.launching_jvm() if SparkContext._gateway is None else contextlib.nullcontext():
             spark = builder.getOrCreate()
         logs.quiet_python_workers(spark)

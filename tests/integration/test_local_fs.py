@@ -8,9 +8,15 @@ import stat
 
 import pytest
 
-from fraudrules.session import LOCAL_FS
+from fraudrules.session import LOCAL_FS, LOCAL_FS_JAR, jars_folder
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(
+        not os.path.exists(os.path.join(jars_folder(), LOCAL_FS_JAR)),
+        reason="jvm/localfs not built (make setup says why: no javac?)",
+    ),
+]
 
 
 def permission(jvm, mode: int):
@@ -22,6 +28,9 @@ def test_files_and_folders_get_the_permissions_hadoop_asks_for(spark, tmp_path):
     jvm = spark._jvm
     fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), spark._jsc.hadoopConfiguration())
     assert fs.getClass().getName() == LOCAL_FS
+    raw = fs.getRawFileSystem().getClass()
+    assert raw.getName() == f"{LOCAL_FS}$Raw"
+    assert "setPermission" in {m.getName() for m in raw.getDeclaredMethods()}  # not Hadoop's forked chmod
     Path, FsPermission = jvm.org.apache.hadoop.fs.Path, jvm.org.apache.hadoop.fs.permission.FsPermission
     folder, file = tmp_path / "a" / "b", tmp_path / "a" / "b" / "part.json"
     assert fs.mkdirs(Path(str(folder)), permission(jvm, 0o751))
@@ -35,3 +44,5 @@ def test_files_and_folders_get_the_permissions_hadoop_asks_for(spark, tmp_path):
     for mode in (0o640, 0o007, 0o777, 0o400):
         fs.setPermission(Path(str(file)), permission(jvm, mode))
         assert stat.S_IMODE(os.stat(file).st_mode) == mode
+    fs.setPermission(Path(str(folder)), permission(jvm, 0o1777))  # sticky: Hadoop's own chmod sets it
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o1777

@@ -37,7 +37,10 @@ def test_only_the_lowest_java_priority_is_niced():
     [
         ("local[2]", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
         ("local[2]", False, {}),  # not built (no javac): Hadoop's own local file system
-        ("spark://host:7077", True, {}),  # executors elsewhere would not have the class
+        ("local[*]", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
+        ("local", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
+        ("local-cluster[2,1,1024]", True, {}),  # executors in other JVMs would not have the class
+        ("spark://host:7077", True, {}),
     ],
 )
 def test_the_no_fork_local_file_system_only_where_it_is_built_and_the_session_is_local(

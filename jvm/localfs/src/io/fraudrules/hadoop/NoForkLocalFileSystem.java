@@ -25,7 +25,7 @@ import org.apache.hadoop.fs.permission.FsPermission;
  *
  * <p>Without Hadoop's native library (the pyspark wheel has none), RawLocalFileSystem sets the
  * permission of every file and folder it creates by forking a {@code chmod} process: a fork of the
- * whole driver JVM for each checkpoint, state and Delta log file, several per micro-batch.
+ * whole driver JVM for each checkpoint log, state store and Parquet file, several per micro-batch.
  */
 public class NoForkLocalFileSystem extends LocalFileSystem {
   public NoForkLocalFileSystem() {
@@ -34,7 +34,7 @@ public class NoForkLocalFileSystem extends LocalFileSystem {
 
   /** The raw local file system with {@code chmod} through java.nio. */
   public static class Raw extends RawLocalFileSystem {
-    // bit i of a mode (0 = others' execute) -> its permission; sticky and set-id bits are not file modes here
+    // bit i of a mode (0 = others' execute) -> its permission
     private static final PosixFilePermission[] BITS = {
       OTHERS_EXECUTE, OTHERS_WRITE, OTHERS_READ,
       GROUP_EXECUTE, GROUP_WRITE, GROUP_READ,
@@ -44,6 +44,10 @@ public class NoForkLocalFileSystem extends LocalFileSystem {
     @Override
     public void setPermission(Path p, FsPermission permission) throws IOException {
       short mode = permission.toShort();
+      if ((mode & ~0777) != 0) { // a sticky bit: java.nio has no name for it, Hadoop's chmod sets it
+        super.setPermission(p, permission);
+        return;
+      }
       Set<PosixFilePermission> wanted = EnumSet.noneOf(PosixFilePermission.class);
       for (int bit = 0; bit < BITS.length; bit++) {
         if ((mode & (1 << bit)) != 0) {
