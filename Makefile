@@ -39,7 +39,7 @@ $(JARS)/spark/.resolved: jvm/spark/pom.xml
 
 # Hadoop's local file system without a forked `chmod` for every file it creates (jvm/localfs; see
 # lib/fraudrules/session.py), compiled against the Hadoop API jar of the pyspark wheel. Optional: without it local
-# sessions only write their checkpoint, state and Delta files slower.
+# sessions only write their checkpoint, state and Parquet files slower.
 LOCALFS_SOURCES := $(wildcard jvm/localfs/src/io/fraudrules/hadoop/*.java)
 HADOOP_API = $(BIN)/python -c 'import glob, os, pyspark; print(*glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar")), sep=":")'
 $(JARS)/spark/driver/.built: $(LOCALFS_SOURCES) $(VENV)/.installed

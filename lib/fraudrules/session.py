@@ -146,10 +146,11 @@ def get_spark(
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
             .config("spark.driver.extraJavaOptions", jvm_options(short_lived))  # logs quiet from its first line
         )
-        if SparkContext._gateway is None:  # a class path is the JVM's from its launch: only for a new one
+        new_jvm = SparkContext._gateway is None
+        if new_jvm:  # a class path is the JVM's from its launch: only for a new one
             for key, value in local_fs_options(master).items():
                 builder = builder.config(key, value)
-        with logs.launching_jvm() if SparkContext._gateway is None else contextlib.nullcontext():
+        with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()
         logs.quiet_python_workers(spark)
         spark.sparkContext.setLogLevel(logs.level())

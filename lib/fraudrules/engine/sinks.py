@@ -430,9 +430,9 @@ def collect_bounded(df: DataFrame, rows: int) -> pa.Table | None:
     beyond that share, plus one row, of each partition).
 
     Bounded per partition, not by `limit`: a limit under a collect moves every row to one partition first
-    (a shuffle: 1.3-1.6 s of CPU for the 200,000-record micro-batch of a backtest). For plans without a
-    shuffle (a source's micro-batch), whose partitions `df.rdd` counts without running anything. A batch whose
-    partitions are uneven falls back below `rows` in all."""
+    (a shuffle: 1.3-1.6 s of CPU for the 200,000-record micro-batch of a backtest). Meant for plans without a
+    shuffle (a source's micro-batch): `df.rdd` then counts their partitions without running anything. A batch
+    with uneven partitions can be refused below `rows` in all."""
     share = rows // max(df.rdd.getNumPartitions(), 1)
     position = F.monotonically_increasing_id().bitwiseAND(F.lit(POSITION_MASK))
     records = df.withColumn("_position", position).where(F.col("_position") <= share).toArrow()
