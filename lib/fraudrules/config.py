@@ -70,6 +70,10 @@ class JobConfig:
     kafka_alerts_topic: str | None = None  # alerts also published here (at-least-once; key = alertId)
     kafka_starting_offsets: str = "earliest"  # for a fresh checkpoint only: "earliest", "latest" or JSON
     max_offsets_per_trigger: int | None = None  # bound of a micro-batch read from Kafka (backpressure)
+    # The transaction event schema: a file of Spark SQL DDL (`event_schema`); None: the default schema. Rules may
+    # name any field it declares. A restart may add fields (bronze gains their columns), not remove one that an
+    # ACTIVE rule uses nor change a field's type.
+    event_schema: str | None = None
 
     def __post_init__(self) -> None:
         if self.source not in ("files", "kafka"):
@@ -98,6 +102,12 @@ class JobConfig:
         """The streaming query's id, kept in its checkpoint: the same across restarts, new for a new checkpoint."""
         with open(os.path.join(self.checkpoint(query), "metadata"), encoding="utf-8") as fh:
             return json.loads(fh.readline())["id"]
+
+    @property
+    def schema_record(self) -> str:
+        """The event schema the job last started with, kept beside its checkpoints: commands that change rules
+        without being told the schema validate them against it."""
+        return self.checkpoint("event_schema.ddl")
 
     @property
     def rules_landing(self) -> str:
