@@ -24,9 +24,9 @@ BASE = {
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        ({"aggregateFieldName": "nope"}, "aggregateFieldName 'nope' is unknown"),
+        ({"aggregateFieldName": "nope"}, "aggregateFieldName: 'nope' is not in the event schema"),
         ({"aggregateFieldName": "paymentType"}, "aggregateFieldName 'paymentType' is non-numeric"),
-        ({"groupingKeyNames": ["payeeId", "colour"]}, "groupingKeyNames names unknown field(s) colour"),
+        ({"groupingKeyNames": ["payeeId", "colour"]}, "groupingKeyNames: 'colour' is not in the event schema"),
         ({"aggregatorFunctionType": "MEDIAN"}, "aggregatorFunctionType 'MEDIAN' is not one of"),
         ({"limitOperatorType": "ABOUT"}, "limitOperatorType 'ABOUT' is not one of"),
         ({"ruleState": "SLEEPING"}, "ruleState 'SLEEPING' is not one of"),
@@ -35,10 +35,10 @@ BASE = {
         ({"windowMinutes": "ten"}, "windowMinutes 'ten' is not a whole number"),
         ({"limit": None}, "missing limit"),
         ({"limit": "lots"}, "limit 'lots' is not a number"),
-        ({"filter": [{"field": "colour", "op": "EQ", "value": "red"}]}, "filter on unknown field 'colour'"),
+        ({"filter": [{"field": "colour", "op": "EQ", "value": "red"}]}, "filter: 'colour' is not in the event schema"),
         ({"filter": [{"field": "paymentType", "op": "GT", "value": "1"}]}, "needs a numeric field"),
         ({"filter": [{"field": "payeeId", "op": "IN", "values": []}]}, "needs a non-empty list"),
-        ({"unique": ["nothing"]}, "unique names unknown field(s) nothing"),
+        ({"unique": ["nothing"]}, "unique: 'nothing' is not in the event schema"),
     ],
 )
 def test_each_validation_error_is_named(change, problem):

@@ -9,11 +9,12 @@ import json
 from datetime import datetime, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-from fraudrules.rules.model import COUNT_FIELDS, LOGIN_RULE, NUMERIC_FIELDS, RESET_FIELD, Condition, Rule
+from fraudrules.rules.model import COUNT_FIELDS, LOGIN_RULE, NULL_OPS, RESET_FIELD, AnyOf, Condition, Not, Rule, Term
 
 SYMBOLS = {"EQUAL": "=", "NOT_EQUAL": "!=", "GREATER": ">", "GREATER_EQUAL": ">=", "LESS": "<", "LESS_EQUAL": "<="}
 FILTER_SYMBOLS = {"EQ": "=", "NE": "!=", "GT": ">", "GE": ">=", "LT": "<", "LE": "<="}
 AVG_PLACES = 2  # an average of counts is shown with this many decimals (an average of amounts: at their scale)
+MONEY_PLACES = 2
 
 
 def key_label(key_json: str) -> str:
@@ -44,7 +45,7 @@ def number(value: Decimal | int | float | str, places: int | None) -> str:
 
 def money(value: Decimal | int | float | str) -> str:
     """An amount at 2 places: `72,925.74`."""
-    return number(value, NUMERIC_FIELDS["paymentAmount"])
+    return number(value, MONEY_PLACES)
 
 
 def iso_time(ms: int | float | None) -> str:
@@ -71,22 +72,32 @@ def aggregate_places(rule: Rule) -> int:
     """Decimals an aggregate is shown with: counts as integers, amounts at their scale, averages of counts at 2."""
     if rule.field in COUNT_FIELDS or rule.unique:
         return AVG_PLACES if rule.aggregator == "AVG" and not rule.unique else 0
-    return NUMERIC_FIELDS.get(rule.field, 0)
+    return rule.scale
 
 
 def limit_places(rule: Rule) -> int | None:
     """Decimals a limit is shown with: amounts at their scale (unless it has more), counts as given."""
     if rule.field in COUNT_FIELDS or rule.unique:
         return None
-    places = NUMERIC_FIELDS.get(rule.field, 0)
+    places = rule.scale
     exponent = rule.limit.normalize().as_tuple().exponent
     return places if isinstance(exponent, int) and -exponent <= places else None
 
 
+def term_text(term: Term) -> str:
+    """A filter term: `paymentAmount >= 5,000.00`, `(channel = web or channel = app)`, `not (x is null)`."""
+    if isinstance(term, AnyOf):
+        return "(" + " or ".join(term_text(t) for t in term.terms) + ")"
+    if isinstance(term, Not):
+        return f"not ({term_text(term.term)})"
+    return condition_text(term)
+
+
 def condition_text(c: Condition) -> str:
-    """A filter term: `paymentAmount >= 5,000.00`, `paymentType in (CSH, CRD)`."""
-    places = NUMERIC_FIELDS.get(c.field)
-    values = [number(v, places) if places is not None else v for v in c.values]
+    """A filter comparison: `paymentAmount >= 5,000.00`, `paymentType in (CSH, CRD)`, `deviceId is null`."""
+    if c.op in NULL_OPS:
+        return f"{c.field} is {'null' if c.op == 'IS_NULL' else 'not null'}"
+    values = [number(v, c.scale) if c.scale is not None else v for v in c.values]
     if c.op in ("IN", "NOT_IN"):
         return f"{c.field} {'in' if c.op == 'IN' else 'not in'} ({', '.join(values)})"
     return f"{c.field} {FILTER_SYMBOLS[c.op]} {values[0]}"
@@ -102,7 +113,7 @@ def aggregate_text(rule: Rule) -> str:
     else:
         what = f"{rule.aggregator}({rule.field})"
     if rule.filter:
-        what += " where " + " and ".join(condition_text(c) for c in rule.filter)
+        what += " where " + " and ".join(term_text(t) for t in rule.filter)
     return what
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from fraudrules.rules.model import NUMERIC_FIELDS, Rule, parse_rule
+from fraudrules.event_schema import EventSchema
+from fraudrules.rules.model import Rule, stored_rule
 
 RULE_CHANGE = "ruleChange"
 RULE_FIELDS = ("ruleId", "version", "ruleState", "ruleJson", "sig", "epoch")
@@ -51,9 +52,11 @@ def to_row(rule: Rule, version: int, active_since: int, epoch: int, now: datetim
         "windowMinutes": rule.window_minutes,
         "windowMs": rule.window_ms,
         "scale": rule.scale,
+        # every comparison of the filter, for SQL and people (its AND/OR/NOT structure is in ruleJson)
         "filter": [
-            {"field": c.field, "op": c.op, "numeric": c.field in NUMERIC_FIELDS, "values": list(c.values)}
-            for c in rule.filter
+            {"field": c.field, "op": c.op, "numeric": c.scale is not None, "values": list(c.values)}
+            for t in rule.filter
+            for c in t.leaves()
         ],
         "unique": list(rule.unique),
         "ruleType": rule.rule_type,
@@ -68,9 +71,9 @@ def to_row(rule: Rule, version: int, active_since: int, epoch: int, now: datetim
     }
 
 
-def from_row(row: Mapping[str, Any]) -> Rule:
-    """The rule a rules-table (or rule_history) row holds, with its version."""
-    return parse_rule(json.loads(row["ruleJson"])).with_version(row["version"])
+def from_row(row: Mapping[str, Any], schema: EventSchema | None = None) -> Rule:
+    """The rule a rules-table (or rule_history) row holds, with its version, resolved against `schema`."""
+    return stored_rule(json.loads(row["ruleJson"]), schema).with_version(row["version"])
 
 
 # ------------------------------------------------------------------------------------------ rule change

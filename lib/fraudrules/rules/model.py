@@ -1,7 +1,13 @@
 """Rules as validated data: the reference demo's rule schema, extended with filters and distinct counts.
 
 A rule arrives as a JSON object (numbers may be JSON numbers or strings). `parse_rule` turns it into
-an immutable `Rule` or raises `RuleError` naming the rule and every problem found.
+an immutable `Rule` or raises `RuleError` naming the rule and every problem found, checking every field it
+names against the declared event schema (`event_schema`; the default one unless given). A rule is resolved
+against that schema: the decimal places of its aggregated field and of its filter fields are part of it.
+`stored_rule` reads back a rule that was validated when it was submitted.
+
+A filter is a list of terms that must all hold; a term is `{field, op, value|values}`, `{"any": [terms]}` (OR)
+or `{"not": term}`. They are evaluated with SQL's three-valued logic (see `engine.keying.truth`).
 """
 
 from __future__ import annotations
@@ -12,20 +18,9 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Union
 
-# Transaction fields a rule may name, with the decimal scale of the numeric ones.
-NUMERIC_FIELDS: dict[str, int] = {
-    "transactionId": 0,
-    "eventTime": 0,
-    "payeeId": 0,
-    "beneficiaryId": 0,
-    "paymentAmount": 2,
-    "ingestionTimestamp": 0,
-}
-TEXT_FIELDS = frozenset({"paymentType"})
-PAYMENT_TYPES = ("CSH", "CRD")  # the engine carries paymentType as its position here
-TRANSACTION_FIELDS = frozenset(NUMERIC_FIELDS) | TEXT_FIELDS
+from fraudrules.event_schema import DEFAULT, EventSchema, Field
 
 LOGIN_RULE = "LOGIN_ANOMALY"
 COUNT_FIELD = "COUNT_FLINK"
@@ -39,7 +34,10 @@ EVALUATED = ("ACTIVE", "SHADOW")
 AGGREGATORS = ("SUM", "AVG", "MIN", "MAX")
 OPERATORS = ("EQUAL", "NOT_EQUAL", "GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL")
 CONTROL_TYPES = ("CLEAR_STATE_ALL", "DELETE_RULES_ALL", "EXPORT_RULES_CURRENT")
-FILTER_OPS = ("EQ", "NE", "GT", "GE", "LT", "LE", "IN", "NOT_IN")
+FILTER_OPS = ("EQ", "NE", "GT", "GE", "LT", "LE", "IN", "NOT_IN", "IS_NULL", "NOT_NULL")
+ORDER_OPS = ("GT", "GE", "LT", "LE")
+SET_OPS = ("IN", "NOT_IN")
+NULL_OPS = ("IS_NULL", "NOT_NULL")
 
 
 class RuleError(ValueError):
@@ -53,16 +51,52 @@ class RuleError(ValueError):
 
 @dataclass(frozen=True)
 class Condition:
-    """One filter term: `field op value` (or `field IN values`). Declarative, never evaluated code."""
+    """One filter term: `field op value` (or `field IN values`, `field IS_NULL`). Declarative, never evaluated
+    code. `scale`: the field's decimal places when it is numeric (None: text or boolean)."""
 
     field: str
     op: str
     values: tuple[str, ...]
+    scale: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        if self.op in ("IN", "NOT_IN"):
+        if self.op in SET_OPS:
             return {"field": self.field, "op": self.op, "values": list(self.values)}
+        if self.op in NULL_OPS:
+            return {"field": self.field, "op": self.op}
         return {"field": self.field, "op": self.op, "value": self.values[0]}
+
+    def leaves(self) -> list[Condition]:
+        return [self]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """`{"any": [terms]}`: TRUE when one term is TRUE, FALSE when all are FALSE, else UNKNOWN."""
+
+    terms: tuple[Term, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"any": [t.to_json() for t in self.terms]}
+
+    def leaves(self) -> list[Condition]:
+        return [c for t in self.terms for c in t.leaves()]
+
+
+@dataclass(frozen=True)
+class Not:
+    """`{"not": term}`: TRUE when the term is FALSE, FALSE when it is TRUE, UNKNOWN stays UNKNOWN."""
+
+    term: Term
+
+    def to_json(self) -> dict[str, Any]:
+        return {"not": self.term.to_json()}
+
+    def leaves(self) -> list[Condition]:
+        return self.term.leaves()
+
+
+Term = Union[Condition, AnyOf, Not]  # noqa: UP007 - a runtime alias (Python 3.10)
 
 
 @dataclass(frozen=True)
@@ -76,13 +110,14 @@ class Rule:
     limit: Decimal = Decimal(0)
     window_minutes: int = 1
     control_type: str | None = None
-    filter: tuple[Condition, ...] = ()
+    filter: tuple[Term, ...] = ()
     unique: tuple[str, ...] = ()
     version: int = 0
     rule_type: str = "WINDOW"  # or LOGIN_ANOMALY (seed 000's detector)
     min_failures: int = 3
     min_distinct_ips: int = 2
     shadow_of: int | None = None  # a SHADOW rule's live rule (the one `rules promote` replaces), if any
+    scale: int = 0  # decimal places of the aggregated values (0 for counts), from the event schema
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -94,10 +129,10 @@ class Rule:
     def window_ms(self) -> int:
         return self.window_minutes * 60_000
 
-    @property
-    def scale(self) -> int:
-        """Decimal places of the aggregated values (0 for counts)."""
-        return 0 if self.field in COUNT_FIELDS else NUMERIC_FIELDS[self.field]
+    def fields(self) -> set[str]:
+        """Every event field the rule reads."""
+        named = {*self.grouping_key_names, *self.unique, *(c.field for t in self.filter for c in t.leaves())}
+        return named | ({self.field} if self.rule_type == "WINDOW" and self.field not in COUNT_FIELDS else set())
 
     @property
     def limit_fraction(self) -> tuple[int, int]:
@@ -179,75 +214,182 @@ def _enum(obj: dict[str, Any], name: str, allowed: Iterable[str], problems: list
     return text
 
 
-def _conditions(raw: Any, problems: list[str]) -> tuple[Condition, ...]:
+@dataclass
+class _Names:
+    """The event fields a rule names, checked against the schema (`strict`, a submission) or only resolved
+    (a stored rule, validated when it was submitted)."""
+
+    schema: EventSchema
+    strict: bool
+    problems: list[str]
+
+    def known(self, name: str, where: str) -> Field | None:
+        found = self.schema.field(name)
+        if found is None and self.strict:
+            close = self.schema.closest(name)
+            hint = f"closest: {', '.join(close)}" if close else f"declared: {', '.join(self.schema.fields)}"
+            self.problems.append(f"{where}: {name!r} is not in the event schema ({hint})")
+        return found
+
+
+def _text(value: Any) -> str | None:
+    """A filter value as text (JSON booleans as true/false); None for objects and lists."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None if isinstance(value, (dict, list)) else str(value)
+
+
+def _filter(raw: Any, names: _Names) -> tuple[Term, ...]:
     if raw is None:
         return ()
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
-        problems.append("filter must be a list of {field, op, value|values} objects")
+        names.problems.append("filter must be a list of terms ({field, op, value|values}, {any: [...]}, {not: ...})")
         return ()
-    out = []
-    for term in raw:
-        if not isinstance(term, dict):
-            problems.append(f"filter term {term!r} is not an object")
-            continue
-        name, op = term.get("field"), str(term.get("op", "")).upper()
-        if name not in TRANSACTION_FIELDS:
-            problems.append(f"filter on unknown field {name!r}")
-            continue
-        if op not in FILTER_OPS:
-            problems.append(f"filter op {term.get('op')!r} is not one of {', '.join(FILTER_OPS)}")
-            continue
-        if op in ("IN", "NOT_IN"):
-            values = term.get("values")
-            if not isinstance(values, list) or not values:
-                problems.append(f"filter {op} on {name} needs a non-empty list 'values'")
-                continue
-            texts = tuple(str(v) for v in values)
-        else:
-            if "value" not in term or term["value"] is None:
-                problems.append(f"filter {op} on {name} needs a 'value'")
-                continue
-            texts = (str(term["value"]),)
-        if op in ("GT", "GE", "LT", "LE") or name in NUMERIC_FIELDS:
-            try:
-                for v in texts:
-                    _as_decimal(v)
-            except (InvalidOperation, ValueError):
-                problems.append(f"filter {op} on {name} needs numeric values, got {list(texts)}")
-                continue
-            if name not in NUMERIC_FIELDS:
-                problems.append(f"filter {op} needs a numeric field, {name} is text")
-                continue
-        out.append(Condition(name, op, texts))
-    return tuple(out)
+    terms = [_term(t, names) for t in raw]
+    return tuple(t for t in terms if t is not None)
 
 
-def _names(obj: dict[str, Any], key: str, problems: list[str], required: bool) -> tuple[str, ...]:
+def _term(raw: Any, names: _Names) -> Term | None:
+    """One filter term, or None (its problems added)."""
+    problems = names.problems
+    kinds = [k for k in ("field", "any", "not") if isinstance(raw, dict) and k in raw]
+    if len(kinds) != 1:
+        problems.append(f"filter term {raw!r} must be an object with one of field, any, not")
+        return None
+    if kinds == ["not"]:
+        inner = _term(raw["not"], names)
+        return None if inner is None else Not(inner)
+    if kinds == ["any"]:
+        items = raw["any"]
+        if not isinstance(items, list) or not items:
+            problems.append("filter: any needs a non-empty list of terms")
+            return None
+        terms = [_term(t, names) for t in items]
+        return None if any(t is None for t in terms) else AnyOf(tuple(t for t in terms if t is not None))
+    return _condition(raw, names)
+
+
+def _condition(raw: dict[str, Any], names: _Names) -> Condition | None:
+    problems = names.problems
+    name, op = raw.get("field"), str(raw.get("op", "")).upper()
+    if not isinstance(name, str):
+        problems.append(f"filter term {raw!r}: field must be a field name")
+        return None
+    if op not in FILTER_OPS:
+        problems.append(f"filter op {raw.get('op')!r} on {name!r} is not one of {', '.join(FILTER_OPS)}")
+        return None
+    declared = names.known(name, "filter")
+    if op in SET_OPS:
+        values = raw.get("values")
+        if not isinstance(values, list) or not values:
+            problems.append(f"filter: {op} on {name!r} needs a non-empty list 'values'")
+            return None
+    elif op in NULL_OPS:
+        values = []
+    else:
+        if raw.get("value") is None:
+            problems.append(f"filter: {op} on {name!r} needs a 'value' (IS_NULL tests for null)")
+            return None
+        values = [raw["value"]]
+    texts = [_text(v) for v in values]
+    if None in texts:
+        problems.append(f"filter: {op} on {name!r} compares with a number, text or boolean, not {values!r}")
+        return None
+    if declared is None:
+        return Condition(name, op, tuple(str(t) for t in texts)) if not names.strict else None
+    if op in ORDER_OPS and not declared.numeric:
+        problems.append(f"filter: {op} on {name!r} needs a numeric field, {name} is {declared.sql}")
+        return None
+    bad = [t for t in texts if not _parses(str(t), declared)]
+    if bad:
+        what = "true or false" if declared.kind == "boolean" else "a number"
+        problems.append(f"filter: {op} on {name!r}: {bad[0]!r} is not {what} ({name} is {declared.sql})")
+        return None
+    if declared.kind == "boolean":
+        texts = [str(t).strip().lower() for t in texts]
+    return Condition(name, op, tuple(str(t) for t in texts), declared.scale if declared.numeric else None)
+
+
+def _parses(text: str, declared: Field) -> bool:
+    """Whether a filter value is of the field's type (numbers for numeric fields, true/false for booleans)."""
+    if declared.kind == "boolean":
+        return text.strip().lower() in ("true", "false")
+    if not declared.numeric:
+        return True
+    try:
+        _as_decimal(text)
+    except (InvalidOperation, ValueError):
+        return False
+    return True
+
+
+def _names(obj: dict[str, Any], key: str, names: _Names, required: bool) -> tuple[str, ...]:
     raw = obj.get(key)
     if raw is None:
         if required:
-            problems.append(f"missing {key}")
+            names.problems.append(f"missing {key}")
         return ()
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-        problems.append(f"{key} must be a list of field names")
+        names.problems.append(f"{key} must be a list of field names")
         return ()
-    unknown = [n for n in raw if n not in TRANSACTION_FIELDS]
-    if unknown:
-        problems.append(f"{key} names unknown field(s) {', '.join(unknown)}")
+    for n in raw:
+        names.known(n, key)
     if len(set(raw)) != len(raw):
-        problems.append(f"{key} repeats a field")
+        names.problems.append(f"{key} repeats a field")
     return tuple(raw)
 
 
-def parse_rule(obj: Any) -> Rule:
-    """Validate one rule object; raise RuleError with every problem found."""
+def _aggregated(field_name: Any, names: _Names) -> int:
+    """Check `aggregateFieldName`; the decimal places of its values."""
+    if field_name is None:
+        names.problems.append("missing aggregateFieldName")
+        return 0
+    if field_name in COUNT_FIELDS:
+        return 0
+    if not isinstance(field_name, str):
+        names.problems.append(f"aggregateFieldName {field_name!r} must be a field name or COUNT_FLINK")
+        return 0
+    declared = names.known(field_name, "aggregateFieldName")
+    if declared is not None and not declared.numeric:
+        if names.strict:
+            names.problems.append(
+                f"aggregateFieldName {field_name!r} is non-numeric ({declared.sql}): aggregate an integer or "
+                "decimal field, or count with COUNT_FLINK"
+            )
+        return 0
+    return declared.scale if declared is not None else 0
+
+
+def parse_rule(obj: Any, schema: EventSchema = DEFAULT) -> Rule:
+    """Validate one rule object against the event schema; raise RuleError with every problem found."""
+    return _parse(obj, _Names(schema, True, []))
+
+
+def stored_rule(obj: Any, schema: EventSchema | None = None) -> Rule:
+    """A rule as stored (validated when it was submitted), resolved against `schema` (default: the default
+    schema) without checking its fields again: a schema may have changed since."""
+    return _parse(obj, _Names(schema or DEFAULT, False, []))
+
+
+def validate(rule: Rule, schema: EventSchema) -> Rule:
+    """The rule checked against `schema` (and resolved against it); RuleError if it names fields it lacks."""
+    return replace(parse_rule({**rule.extra, **rule.to_json()}, schema), version=rule.version)
+
+
+def resolve(rule: Rule, schema: EventSchema) -> Rule:
+    """The rule resolved against `schema`, unchecked (a paused or deleted rule may name a field no longer
+    declared)."""
+    return replace(stored_rule({**rule.extra, **rule.to_json()}, schema), version=rule.version)
+
+
+def _parse(obj: Any, names: _Names) -> Rule:
     if not isinstance(obj, dict):
         raise RuleError(None, [f"a rule must be a JSON object, got {type(obj).__name__}"])
-    problems: list[str] = []
+    problems = names.problems
     raw_id = obj.get("ruleId")
     try:
         rule_id = _as_int(raw_id)
@@ -266,14 +408,10 @@ def parse_rule(obj: Any) -> Rule:
         return replace(_parse_login_rule(obj, rule_id, state, problems), shadow_of=shadow_of)
     if rule_type != "WINDOW":
         problems.append(f"ruleType {obj.get('ruleType')!r} is not one of WINDOW, {LOGIN_RULE}")
-    keys = _names(obj, "groupingKeyNames", problems, required=True)
-    unique = _names(obj, "unique", problems, required=False)
+    keys = _names(obj, "groupingKeyNames", names, required=True)
+    unique = _names(obj, "unique", names, required=False)
     field_name = obj.get("aggregateFieldName")
-    if field_name is None:
-        problems.append("missing aggregateFieldName")
-    elif field_name not in COUNT_FIELDS and field_name not in NUMERIC_FIELDS:
-        kind = "non-numeric" if field_name in TEXT_FIELDS else "unknown"
-        problems.append(f"aggregateFieldName {field_name!r} is {kind}; use a numeric field or COUNT_FLINK")
+    scale = _aggregated(field_name, names)
     aggregator = _enum(obj, "aggregatorFunctionType", AGGREGATORS, problems)
     operator = _enum(obj, "limitOperatorType", OPERATORS, problems)
     limit = Decimal(0)
@@ -293,7 +431,7 @@ def parse_rule(obj: Any) -> Rule:
         problems.append(f"windowMinutes {obj.get('windowMinutes')!r} is not a whole number")
     if unique and field_name == RESET_FIELD:
         problems.append("unique (distinct count) cannot be combined with COUNT_WITH_RESET_FLINK")
-    conditions = _conditions(obj.get("filter"), problems)
+    conditions = _filter(obj.get("filter"), names)
     if problems:
         raise RuleError(rule_id, problems)
     known = {
@@ -323,6 +461,7 @@ def parse_rule(obj: Any) -> Rule:
         filter=conditions,
         unique=unique,
         shadow_of=shadow_of,
+        scale=scale,
         extra={k: v for k, v in obj.items() if k not in known},
     )
 
@@ -372,8 +511,11 @@ def _parse_login_rule(obj: dict[str, Any], rule_id: int, state: str | None, prob
     )
 
 
-def parse_rules_text(text: str, state: str | None = None) -> tuple[list[Rule], list[RuleError]]:
-    """Parse a JSON list (or one object) of rules; valid rules and per-rule errors, in input order.
+def parse_rules_text(
+    text: str, schema: EventSchema = DEFAULT, state: str | None = None
+) -> tuple[list[Rule], list[RuleError]]:
+    """Parse a JSON list (or one object) of rules, each validated against the event schema; valid rules and
+    per-rule errors, in input order.
 
     `state` (e.g. SHADOW for `rules shadow`) replaces every rule's `ruleState`."""
     try:
@@ -386,16 +528,17 @@ def parse_rules_text(text: str, state: str | None = None) -> tuple[list[Rule], l
         if state and isinstance(item, dict):
             item = {**item, "ruleState": state}
         try:
-            rules.append(parse_rule(item))
+            rules.append(parse_rule(item, schema))
         except RuleError as err:
             errors.append(err)
     return rules, errors
 
 
-def load_rules_file(path: str) -> list[Rule]:
-    """Rules from a JSON file; raise the first RuleError (all of them listed) if any rule is invalid."""
+def load_rules_file(path: str, schema: EventSchema = DEFAULT) -> list[Rule]:
+    """Rules from a JSON file, validated against the event schema; raise the first RuleError (all of them
+    listed) if any rule is invalid."""
     with open(path, encoding="utf-8") as fh:
-        rules, errors = parse_rules_text(fh.read())
+        rules, errors = parse_rules_text(fh.read(), schema)
     if errors:
         raise RuleError(", ".join(str(e.rule_id) for e in errors), [str(e) for e in errors])
     return rules

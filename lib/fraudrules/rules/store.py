@@ -22,10 +22,11 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import JobConfig
+from fraudrules.event_schema import EventSchema
 from fraudrules.rules.codec import from_row, incarnation_sig, to_row
-from fraudrules.rules.model import EVALUATED, Rule, RuleError
+from fraudrules.rules.model import EVALUATED, Rule, RuleError, resolve, validate
 
 
 def _history_rows(spark: SparkSession, cfg: JobConfig) -> list[dict]:
@@ -69,8 +70,10 @@ def plan(
     author: str,
     change_id: str | None,
     label: str | None = None,
+    schema: EventSchema | None = None,
 ) -> Plan:
-    """Versions, window signatures and epochs of a change set applied to the rules in force (`rows`).
+    """Versions, window signatures and epochs of a change set applied to the rules in force (`rows`), the rules
+    resolved against the event `schema`.
 
     An evaluated rule (ACTIVE or SHADOW) that stays evaluated and keeps what its windows hold keeps its
     windows, also across ACTIVE <-> SHADOW. `label`, when given, is every history row's `change`.
@@ -98,7 +101,7 @@ def plan(
         elif rule.control_type == "DELETE_RULES_ALL":
             for row in list(rows.values()):
                 if row["ruleState"] != "DELETE":
-                    put(replace(from_row(row), state="DELETE"), "control:DELETE_RULES_ALL")
+                    put(replace(from_row(row, schema), state="DELETE"), "control:DELETE_RULES_ALL")
         elif rule.control_type == "EXPORT_RULES_CURRENT":
             exports.append(dict(rows))
         log.append(_control_row(rule, epoch, change_id, now, author))
@@ -113,18 +116,22 @@ def apply(
     change_id: str | None = None,
     label: str | None = None,
 ) -> list[dict]:
-    """Apply rule changes and control commands in order; returns the changed rules' rows.
+    """Apply rule changes and control commands in order; returns the changed rules' rows. A rule to be
+    evaluated (ACTIVE or SHADOW) must name only fields of the job's event schema (RuleError otherwise).
 
     One append to `rule_history` (what the running job sees), then `rules` is rewritten. The append is one
     file in one commit, so the job's rule stream never splits a change set across micro-batches: every
     shard applies all of it at the same batch boundary. With a `change_id` the call is idempotent: a change
     set already in the history is skipped.
     """
+    schema = event_schema.for_job(cfg)
+    # a RuleError here stops the whole change set
+    resolved = [validate(r, schema) if r.evaluated else resolve(r, schema) for r in changes]
     past = _history_rows(spark, cfg)
     if change_id and any(r["changeId"] == change_id for r in past):
         return []
     epoch = max((r["epoch"] or 0 for r in past), default=0)
-    p = plan(_latest(past), epoch, changes, datetime.now(timezone.utc), author, change_id, label)
+    p = plan(_latest(past), epoch, resolved, datetime.now(timezone.utc), author, change_id, label, schema)
     if p.log:
         tables.write(spark, cfg, "rule_history", p.log)
         tables.write(spark, cfg, "rules", [{**r, "epoch": p.epoch} for r in p.rows.values()], mode="overwrite")
@@ -156,7 +163,7 @@ def set_state(spark: SparkSession, cfg: JobConfig, rule_id: int, state: str, aut
     row = current(spark, cfg).get(rule_id)
     if row is None:
         raise RuleError(rule_id, ["no such rule"])
-    rule = from_row(row)
+    rule = from_row(row, event_schema.for_job(cfg))
     if state == "ACTIVE" and rule.shadow_of is not None:
         raise RuleError(rule_id, [f"it shadows rule {rule.shadow_of}: `rules promote {rule_id}` replaces that rule"])
     return apply(spark, cfg, [replace(rule, state=state)], author)[0]
