@@ -20,7 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from fraudrules import event_schema
 from fraudrules.config import JOB_TABLES, JobConfig
+from fraudrules.event_schema import DEFAULT as DEFAULT_EVENTS
+from fraudrules.event_schema import SchemaError
 from fraudrules.paths import is_remote
 
 if TYPE_CHECKING:
@@ -43,12 +46,10 @@ ALERT_ROW = (
     "producedAtMs long, publishedAtMs long, watermarkMs long, batchId long, shard int, message string, "
     "details string"
 )
+# Bronze transactions: the declared event schema's typed columns (see `ddl`), then these.
+BRONZE_TAIL = "fields map<string,string>, raw string, srcName string, srcPos long, ingestedAt timestamp"
 SCHEMAS: dict[str, str] = {
-    "transactions": (
-        "transactionId long, eventTime long, payeeId long, beneficiaryId long, paymentAmount decimal(20,2), "
-        "paymentType string, ingestionTimestamp long, fields map<string,string>, raw string, "
-        "srcName string, srcPos long, ingestedAt timestamp"
-    ),
+    "transactions": f"{DEFAULT_EVENTS.spark_ddl}, {BRONZE_TAIL}",  # with the default event schema
     "quarantine": ("kind string, raw string, reason string, srcName string, srcPos long, quarantinedAt timestamp"),
     "rules": RULE_ROW,
     # every change, the whole rule as it became (control commands carry their epoch); streamed by the job
@@ -79,15 +80,64 @@ SCHEMAS: dict[str, str] = {
 }
 
 
+# ------------------------------------------------------------------------------------------ bronze: the event schema
+
+
+def ddl(name: str, cfg: JobConfig | None = None) -> str:
+    """A table's DDL: `SCHEMAS`, bronze `transactions` with the job's declared event schema's typed columns."""
+    if name == "transactions" and cfg is not None:
+        return f"{event_schema.for_job(cfg).spark_ddl}, {BRONZE_TAIL}"
+    return SCHEMAS[name]
+
+
+def _missing(declared: StructType, existing: StructType, prefix: str = "") -> tuple[list[str], list[str]]:
+    """Declared columns (and struct fields) a table lacks, and those it has with another type."""
+    have = {f.name: f.dataType for f in existing.fields}
+    added, changed = [], []
+    for f in declared.fields:
+        path = prefix + f.name
+        if f.name not in have:
+            added.append(path)
+        elif isinstance(f.dataType, StructType) and isinstance(have[f.name], StructType):
+            more, other = _missing(f.dataType, have[f.name], path + ".")
+            added, changed = added + more, changed + other
+        elif f.dataType != have[f.name]:
+            changed.append(f"{path} is {have[f.name].simpleString()}, declared {f.dataType.simpleString()}")
+    return added, changed
+
+
+def evolve_bronze(spark: SparkSession, cfg: JobConfig) -> list[str]:
+    """Give bronze `transactions` the columns of fields the event schema added (Delta schema evolution: an empty
+    append with mergeSchema); the fields added. SchemaError when a declared field has another type there."""
+    declared = schema(spark, "transactions", cfg)
+    if native(cfg):
+        existing = StructType.fromJson(json.loads(_rust_table(cfg, "transactions").schema().to_json()))
+    else:
+        existing = read(spark, cfg, "transactions").schema
+    added, changed = _missing(declared, existing)
+    if changed:
+        raise SchemaError("bronze transactions cannot change a column's type: " + "; ".join(changed))
+    if added:
+        writer = spark.createDataFrame([], declared).write.format("delta").mode("append").option("mergeSchema", "true")
+        if cfg.uses_catalog:
+            writer.saveAsTable(cfg.table("transactions"))
+        else:
+            writer.save(cfg.table("transactions"))
+    return added
+
+
+# ------------------------------------------------------------------------------------------ creation, reads, writes
+
+
 # Delta writes a checkpoint (a Spark job over the whole log) every `checkpointInterval` commits, synchronously
 # in the committing query. The job commits bronze and results every few seconds: at Delta's default of 10 that
 # is a multi-second stall of a background query every ~50 s, on the cores the evaluation needs.
 PROPERTIES = {"delta.checkpointInterval": "100"}
 
 
-def schema(spark: SparkSession, name: str) -> StructType:
-    """A table's schema from its DDL in `SCHEMAS` (all columns nullable)."""
-    return spark.createDataFrame([], SCHEMAS[name]).schema
+def schema(spark: SparkSession, name: str, cfg: JobConfig | None = None) -> StructType:
+    """A table's schema from its DDL (`ddl`; all columns nullable)."""
+    return spark.createDataFrame([], ddl(name, cfg)).schema
 
 
 def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
@@ -95,7 +145,7 @@ def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
     missing = [n for n in names or JOB_TABLES if not exists(spark, cfg, n)]
     if not cfg.uses_catalog:
         for name in missing:
-            first_commit(cfg.table(name), schema(spark, name).json())
+            first_commit(cfg.table(name), schema(spark, name, cfg).json())
         return missing
     with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
         list(pool.map(lambda name: _create(spark, cfg, name), missing))
@@ -149,7 +199,7 @@ def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
     builder = DeltaTable.createIfNotExists(spark).tableName(cfg.table(name))
     for key, value in PROPERTIES.items():
         builder = builder.property(key, value)
-    for field in schema(spark, name).fields:
+    for field in schema(spark, name, cfg).fields:
         builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
     builder.execute()
 
@@ -182,7 +232,7 @@ def delta(spark: SparkSession, cfg: JobConfig, name: str) -> DeltaTable:
 
 def append(df: DataFrame, cfg: JobConfig, name: str, marker: str | None = None) -> None:
     """Append in one commit; `marker` goes into the commit's userMetadata (see Ledger)."""
-    writer = conform(df, name).write.format("delta").mode("append")
+    writer = conform(df, name, cfg).write.format("delta").mode("append")
     if marker is not None:
         writer = writer.option("userMetadata", marker)
     if cfg.uses_catalog:
@@ -240,7 +290,7 @@ class Ledger:
 
 def overwrite(df: DataFrame, cfg: JobConfig, name: str) -> None:
     """Replace the table's rows in one commit."""
-    writer = conform(df, name).write.format("delta").mode("overwrite")
+    writer = conform(df, name, cfg).write.format("delta").mode("overwrite")
     if cfg.uses_catalog:
         writer.saveAsTable(cfg.table(name))
     else:
@@ -318,13 +368,17 @@ def _conform_arrow(rows: pa.Table | list[dict], target: pa.Schema) -> pa.Table:
     """Rows with the table's columns, in order, cast (safely: no rounding, no overflow) to its types."""
     if not isinstance(rows, pa.Table):
         return pa.Table.from_pylist(rows, schema=target)
-    return pa.table([rows.column(f.name).cast(f.type) for f in target], schema=target)
+    columns = [rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows) for f in target]
+    return pa.table([c.cast(f.type) for c, f in zip(columns, target, strict=True)], schema=target)
 
 
-def conform(df: DataFrame, name: str) -> DataFrame:
-    """The table's columns, in order, cast to the table's types."""
-    fields = schema(df.sparkSession, name).fields
-    return df.select(*(F.col(f.name).cast(f.dataType).alias(f.name) for f in fields))
+def conform(df: DataFrame, name: str, cfg: JobConfig | None = None) -> DataFrame:
+    """The table's columns, in order, cast to the table's types (null where `df` lacks one: bronze keeps the
+    column of a field the event schema no longer declares)."""
+    fields = schema(df.sparkSession, name, cfg).fields
+    return df.select(
+        *((F.col(f.name) if f.name in df.columns else F.lit(None)).cast(f.dataType).alias(f.name) for f in fields)
+    )
 
 
 def export_jsonl(spark: SparkSession, cfg: JobConfig, name: str, out: str, order_by: list[str] | None = None) -> int:

@@ -11,12 +11,12 @@ import pandas as pd
 
 from fraudrules.engine.evaluation import Batch, step
 from fraudrules.engine.inputs import LOGIN_EVENT_COLUMNS
-from fraudrules.engine.keying import TX_COLUMNS
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Cache, Chunk, Indexed, Meta, Resets, ShardEvents
+from fraudrules.event_schema import DEFAULT, INGESTED, MASK_BITS, EventSchema, Field
 from fraudrules.rules import store
 from fraudrules.rules.codec import RULE_CHANGE, encode_change, from_row
-from fraudrules.rules.model import PAYMENT_TYPES, Rule, parse_rule
+from fraudrules.rules.model import Rule, parse_rule
 
 
 class MemoryBackend:
@@ -45,24 +45,41 @@ class NoCache(Cache):
         return Indexed(ev)
 
 
-def tx_rows(batch: list[dict], batch_no: int) -> pd.DataFrame:
-    """Transactions as the stateful stage receives them (integer columns, see inputs.transactions)."""
-    rows = [
-        {
-            "transactionId": tx["transactionId"],
-            "eventTime": tx["eventTime"],
-            "payeeId": tx["payeeId"],
-            "beneficiaryId": tx["beneficiaryId"],
-            "paymentAmount": int(Decimal(str(tx["paymentAmount"])) * 100),
-            "paymentType": PAYMENT_TYPES.index(tx["paymentType"]),
-            "ingestionTimestamp": tx.get("ingestionTimestamp", -1),
-            "srcTime": batch_no,
-            "srcId": 0,
-            "srcPos": pos,
-        }
-        for pos, tx in enumerate(batch)
-    ]
-    return pd.DataFrame(rows, columns=list(TX_COLUMNS)).astype("int64").assign(**{RULE_CHANGE: None})
+def value_at(tx: dict, path: str) -> object:
+    """A record's value at a dotted path (None where it or a struct on the way is absent)."""
+    for name in path.split("."):
+        if not isinstance(tx, dict):
+            return None
+        tx = tx.get(name)
+    return tx
+
+
+def _coded(f: Field, value: object) -> int:
+    """A field's value as the engine carries it (see inputs.numeric), written here independently of it."""
+    if value is None:
+        return -1 if f.path == INGESTED else 0
+    if f.values:
+        return f.values.index(str(value))
+    if f.kind == "boolean":
+        return int(value is True or str(value).lower() == "true")
+    return int(Decimal(str(value)).scaleb(f.scale))
+
+
+def tx_rows(batch: list[dict], batch_no: int, schema: EventSchema = DEFAULT) -> pd.DataFrame:
+    """Transactions as the stateful stage receives them (the engine columns of `schema`, see inputs.numeric)."""
+    rows = []
+    for pos, tx in enumerate(batch):
+        row: dict = {"srcTime": batch_no, "srcId": 0, "srcPos": pos, **dict.fromkeys(schema.mask_columns, 0)}
+        for f in schema.fields.values():
+            value = value_at(tx, f.path)
+            row[f.column] = _coded(f, value) if f.coded else (None if value is None else str(value))
+            if value is None and f.null_bit >= 0:
+                row[f"_nulls{f.null_bit // MASK_BITS}"] |= 1 << (f.null_bit % MASK_BITS)
+        rows.append(row)
+    columns = schema.engine_columns()
+    frame = pd.DataFrame(rows, columns=list(columns))
+    frame = frame.astype({c: "int64" for c, kind in columns.items() if kind == "long"})
+    return frame.assign(**{RULE_CHANGE: None})
 
 
 class RuleStream:
@@ -72,12 +89,16 @@ class RuleStream:
         self.rows: dict[int, dict] = {}
         self.epoch = 0
 
-    def changes(self, rules: list[Rule], event_columns: tuple[str, ...] = TX_COLUMNS) -> pd.DataFrame:
-        """Rule-change rows for the rules that differ from those in force (a rule absent from `rules` stays)."""
+    def changes(self, rules: list[Rule], event_columns: dict[str, str] | tuple[str, ...] | None = None) -> pd.DataFrame:
+        """Rule-change rows for the rules that differ from those in force (a rule absent from `rules` stays);
+        their event columns (default: the default schema's) zero, or null for text."""
         changed = [r for r in rules if r.rule_id not in self.rows or _differs(self.rows[r.rule_id], r)]
         p = store.plan(self.rows, self.epoch, changed, datetime.now(timezone.utc), "test", None)
         self.rows, self.epoch = p.rows, p.epoch
-        return pd.DataFrame({RULE_CHANGE: [encode_change(r) for r in p.log], **dict.fromkeys(event_columns, 0)})
+        kinds = DEFAULT.engine_columns() if event_columns is None else event_columns
+        kinds = kinds if isinstance(kinds, dict) else dict.fromkeys(kinds, "long")
+        empty = {c: None if kind == "string" else 0 for c, kind in kinds.items()}
+        return pd.DataFrame({RULE_CHANGE: [encode_change(r) for r in p.log], **empty})
 
 
 def _differs(row: dict, rule: Rule) -> bool:
@@ -85,8 +106,8 @@ def _differs(row: dict, rule: Rule) -> bool:
 
 
 class Shard:
-    def __init__(self, index: int, cache_root: str, cached: bool):
-        self.index, self.rules = index, RuleSet()
+    def __init__(self, index: int, cache_root: str, cached: bool, schema: EventSchema = DEFAULT):
+        self.index, self.rules = index, RuleSet(schema=schema)
         self.meta, self.resets, self.backend = Meta(), Resets.empty(), MemoryBackend()
         self.cache = (Cache if cached else NoCache)("test", index, root=cache_root)
 
@@ -94,10 +115,10 @@ class Shard:
 class Engine:
     """Per-shard state held in memory; each `feed` is one micro-batch with Spark's watermark rule."""
 
-    def __init__(self, lateness_ms: int, shards: int = 1, cached: bool = True):
-        self.lateness_ms, self.shards = lateness_ms, shards
+    def __init__(self, lateness_ms: int, shards: int = 1, cached: bool = True, schema: EventSchema = DEFAULT):
+        self.lateness_ms, self.shards, self.schema = lateness_ms, shards, schema
         root = tempfile.mkdtemp(prefix="fraudrules-test-cache-")
-        self.state = [Shard(i, root, cached) for i in range(shards)]
+        self.state = [Shard(i, root, cached, schema) for i in range(shards)]
         self.stream = RuleStream()
         self.max_seen: int | None = None
         self.batch_no = 0
@@ -105,11 +126,22 @@ class Engine:
 
     def feed(self, batch: list[dict], rules: list[Rule]) -> pd.DataFrame:
         wm = 0 if self.max_seen is None else max(0, self.max_seen - self.lateness_ms)
-        rows = pd.concat([tx_rows(batch, self.batch_no), self.stream.changes(rules)], ignore_index=True)
+        changes = self.stream.changes(rules, self.schema.engine_columns())
+        rows = pd.concat([tx_rows(batch, self.batch_no, self.schema), changes], ignore_index=True)
         outs = []
         for s in self.state:
             store_ = ShardEvents(s.meta, s.resets, s.backend, s.cache)
-            res = step(Batch.of(rows), s.rules, store_, wm, self.lateness_ms, s.index, self.shards, now_ms=0)
+            res = step(
+                Batch.of(rows),
+                s.rules,
+                store_,
+                wm,
+                self.lateness_ms,
+                s.index,
+                self.shards,
+                now_ms=0,
+                schema=self.schema,
+            )
             s.meta, s.resets = store_.meta, store_.resets
             outs.append(res.output)
         if batch:
@@ -170,7 +202,9 @@ def login_frame(batch: list[dict], batch_no: int) -> pd.DataFrame:
 
 
 def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw) -> Rule:
-    """A window rule from keyword arguments (the demo's JSON field names underneath)."""
+    """A window rule from keyword arguments (the demo's JSON field names underneath; `schema`: the event schema
+    it is validated against, default the default one)."""
+    schema = kw.pop("schema", DEFAULT)
     return parse_rule(
         {
             "ruleId": rid,
@@ -182,5 +216,6 @@ def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=
             "limit": limit,
             "windowMinutes": window,
             **kw,
-        }
+        },
+        schema,
     )

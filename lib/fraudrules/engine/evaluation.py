@@ -19,6 +19,7 @@ from fraudrules.engine.messages import window_messages
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, ShardEvents, death_time
 from fraudrules.engine.windowing import Events, evaluate
+from fraudrules.event_schema import DEFAULT, EventSchema
 from fraudrules.rules.codec import RULE_CHANGE, decode_change
 from fraudrules.rules.model import Rule
 
@@ -122,15 +123,14 @@ def key_batch(
 
 def _event_rows(tx: Transactions, keyed_by: Rule, rows: np.ndarray, **values: object) -> pd.DataFrame:
     """Output rows about keyed transactions: their identity, key and rule, plus the given columns."""
-    f = tx.frame
     keys = keying.key_texts(tx, keyed_by, rows)
     return pd.DataFrame(
         {
             "ruleId": keyed_by.rule_id,
             "ruleVersion": keyed_by.version,
-            "transactionId": f["transactionId"].to_numpy()[rows],
-            "eventTime": f["eventTime"].to_numpy()[rows],
-            "ingestionTimestamp": f["ingestionTimestamp"].to_numpy()[rows],
+            "transactionId": tx.column("transactionId")[rows],
+            "eventTime": tx.column("eventTime")[rows],
+            "ingestionTimestamp": tx.column("ingestionTimestamp")[rows],
             "key": keys,
             **values,
         }
@@ -155,15 +155,17 @@ def step(
     shards: int,
     now_ms: int | None = None,
     timings: Timings | None = None,
+    schema: EventSchema = DEFAULT,
 ) -> StepResult:
-    """Process one shard's rows of one micro-batch; `store` is updated in place."""
+    """Process one shard's rows of one micro-batch (events of the declared `schema`); `store` is updated in
+    place."""
     timings = timings or Timings()
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     epoch = rules.epoch
     changed = rules.apply(batch.rule_changes)
     if rules.epoch > epoch:  # CLEAR_STATE_ALL since this shard last ran: forget every window
         store.clear()
-    tx = Transactions.of(batch.events)
+    tx = Transactions.of(batch.events, schema)
     seq = store.meta.next_seq + np.arange(len(tx), dtype=np.int64)
     store.meta.next_seq += len(tx)
     active = rules.active("WINDOW")

@@ -9,18 +9,10 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from fraudrules.rules.model import PAYMENT_TYPES
+from fraudrules.event_schema import DEFAULT, ID, INGESTED, TIME, EventSchema, Field, Node, quote
 
 MAX_EVENT_TIME_MS = 4_102_444_800_000  # 2100-01-01: anything later (or negative) is not a real payment time
-MAX_AMOUNT = 10**16  # exclusive; amounts are evaluated as whole cents in 64-bit integers
 RAW_COLUMNS = ("value", "srcTime", "srcName", "srcPos")
-
-
-TEXT_SCHEMA = (
-    "transactionId string, eventTime string, payeeId string, beneficiaryId string, paymentAmount string, "
-    "paymentType string, ingestionTimestamp string"
-)
-FIELD_NAMES = tuple(part.split()[0] for part in TEXT_SCHEMA.split(", "))
 
 
 def _with_json(raw: DataFrame, schema: str) -> DataFrame:
@@ -37,49 +29,126 @@ def _long(name: str) -> Column:
     return F.expr(f"try_cast(trim(j.{name}) AS BIGINT)")
 
 
-def parse(raw: DataFrame) -> DataFrame:
-    """Typed transactions plus `error` (null when the record is valid).
+def text_schema(nodes: tuple[Node, ...]) -> str:
+    """Every field of one level as text: JSON numbers and numeric strings alike, an object as its JSON."""
+    return ", ".join(f"{quote(n.name)} string" for n in nodes)
 
-    Every field is read as text first (JSON numbers and numeric strings are both accepted), then
-    cast; `fields` keeps the text of every transaction field for rules that name fields dynamically.
-    The raw record keeps any extra fields.
+
+def _struct_column(node: Node) -> str:
+    return "_s_" + node.path.replace(".", "__")
+
+
+def _cast_column(leaf: Field) -> str:
+    return "_c_" + leaf.column
+
+
+class _Record:
+    """Where each declared field's text is once the record is parsed: top-level fields in `j`, a struct's
+    fields in that struct's own parse (`_s_<path>`, one generator per nesting level, for the same reason as
+    `j`): each struct is kept as its JSON text first, so that a non-object there is told apart from an
+    absent one."""
+
+    def __init__(self, schema: EventSchema):
+        self.schema = schema
+        self.text: dict[str, Column] = {r.path: F.col("j")[r.name] for r in schema.roots}
+        self.parent: dict[str, Node | None] = {r.path: None for r in schema.roots}
+        for node in schema.nodes():
+            for c in node.children:
+                self.text[c.path] = F.col(_struct_column(node))[c.name]
+                self.parent[c.path] = node
+
+    def parse(self, raw: DataFrame) -> DataFrame:
+        df = _with_json(raw, text_schema(self.schema.roots))
+        level = [r for r in self.schema.roots if r.leaf is None]
+        while level:
+            parsed = [F.from_json(self.text[n.path], text_schema(n.children)).alias(_struct_column(n)) for n in level]
+            df = df.select("*", F.inline(F.array(F.struct(*parsed))))
+            level = [c for n in level for c in n.children if c.leaf is None]
+        return df
+
+    def is_object(self, node: Node) -> Column:
+        return F.ltrim(self.text[node.path]).startswith("{")
+
+    def within(self, node: Node) -> Column:
+        """The node's struct (if any) is there as an object: its fields can be looked for."""
+        parent = self.parent[node.path]
+        return F.lit(True) if parent is None else self.is_object(parent) & self.within(parent)
+
+
+def _read(leaf: Field, text: Column) -> Column:
+    """A leaf's text read as its kind (null where it does not read): integers as BIGINT, decimals at 10 places or
+    their scale, booleans, strings as they are."""
+    if leaf.kind == "integer":
+        return F.trim(text).try_cast("bigint")
+    if leaf.kind == "decimal":
+        return F.trim(text).try_cast(f"decimal(38,{max(10, leaf.scale)})")
+    if leaf.kind == "boolean":
+        return F.trim(text).try_cast("boolean")
+    return text
+
+
+def _typed(node: Node, record: _Record) -> Column:
+    """The bronze column of a node, of its declared type (a struct: null when absent)."""
+    if node.leaf is not None:
+        read = F.col(_cast_column(node.leaf))
+        return read if node.leaf.sql in ("BIGINT", "STRING", "BOOLEAN") else read.try_cast(node.leaf.spark_type)
+    fields = [_typed(c, record).alias(c.name) for c in node.children]
+    return F.when(record.is_object(node), F.struct(*fields))
+
+
+def _type_checks(node: Node, record: _Record) -> list[tuple[Column, str]]:
+    """What makes a present value of this field not fit its declared type."""
+    text, leaf, path = record.text[node.path], node.leaf, node.path
+    if leaf is None:
+        return [(text.isNotNull() & ~record.is_object(node), f"{path} is not an object")]
+    read = F.col(_cast_column(leaf))
+    if leaf.kind == "integer":
+        checks = [(text.isNotNull() & read.isNull(), f"{path} is not an integer")]
+        if leaf.bits < 64:
+            bound = 2 ** (leaf.bits - 1)
+            checks.append(((read < -bound) | (read >= bound), f"{path} out of range ({leaf.sql})"))
+        return checks
+    if leaf.kind == "decimal":
+        return [
+            (text.isNotNull() & read.isNull(), f"{path} is not a number"),
+            (read != F.round(read, leaf.scale), f"{path} has more than {leaf.scale} decimal places"),
+            (F.abs(read) >= F.lit(leaf.limit), f"{path} out of range"),
+        ]
+    if leaf.kind == "boolean":
+        return [(text.isNotNull() & read.isNull(), f"{path} is not a boolean")]
+    if leaf.values:
+        expected = " or ".join([", ".join(leaf.values[:-1]), leaf.values[-1]] if len(leaf.values) > 1 else leaf.values)
+        return [(~text.isin(*leaf.values), f"unknown {path} (expected {expected})")]
+    return []
+
+
+def _required(node: Node) -> bool:
+    return node.not_null or node.path in (ID, TIME)
+
+
+def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
+    """Typed transactions of the declared schema plus `error` (null when the record is valid).
+
+    Every field is read as text first (JSON numbers and numeric strings are both accepted), then cast; `fields`
+    keeps the text of every top-level field. The raw record keeps any extra fields. The first failing check
+    names the record's reason: not an object; a required field missing (NOT NULL, transactionId, eventTime);
+    a required field's type; eventTime's range; an optional field's type (in declaration order within each).
     """
-    df = _with_json(raw, TEXT_SCHEMA)
-    amount = F.expr("try_cast(trim(j.paymentAmount) AS DECIMAL(38,10))")
-    typed = df.select(
-        *RAW_COLUMNS,
-        "j",
-        F.create_map(*[x for n in FIELD_NAMES for x in (F.lit(n), F.col(f"j.{n}"))]).alias("fields"),
-        _long("transactionId").alias("transactionId"),
-        _long("eventTime").alias("eventTime"),
-        _long("payeeId").alias("payeeId"),
-        _long("beneficiaryId").alias("beneficiaryId"),
-        amount.alias("amount10"),
-        F.col("j.paymentType").alias("paymentType"),
-        _long("ingestionTimestamp").alias("ingestionTimestamp"),
-    )
-    j = F.col("j")
-    checks: list[tuple[Column, str]] = [(_not_object(j), "malformed JSON: not a JSON object")]
-    for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType"):
-        checks.append((j[name].isNull(), f"missing {name}"))
-    for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId"):
-        checks.append((F.col(name).isNull(), f"{name} is not an integer"))
-    checks += [
-        (F.col("amount10").isNull(), "paymentAmount is not a number"),
-        (F.col("amount10") != F.round("amount10", 2), "paymentAmount has more than 2 decimal places"),
-        (F.abs("amount10") >= F.lit(MAX_AMOUNT), "paymentAmount out of range"),
-        (~F.col("paymentType").isin(*PAYMENT_TYPES), "unknown paymentType (expected CSH or CRD)"),
-        ((F.col("eventTime") < 0) | (F.col("eventTime") > MAX_EVENT_TIME_MS), "eventTime out of range"),
-        (
-            j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
-            "ingestionTimestamp is not an integer",
-        ),
-    ]
-    return typed.select(
-        "*",
-        F.expr("try_cast(amount10 AS DECIMAL(20,2))").alias("paymentAmount"),
-        _reason(checks).alias("error"),
-    ).drop("amount10", "j")
+    record = _Record(schema)
+    df = record.parse(raw)
+    helpers = [c for c in df.columns if c not in RAW_COLUMNS]
+    read = [_read(leaf, record.text[leaf.path]).alias(_cast_column(leaf)) for leaf in schema.fields.values()]
+    names = [x for r in schema.roots for x in (F.lit(r.name), record.text[r.path])]
+    df = df.select(*RAW_COLUMNS, *helpers, F.create_map(*names).alias("fields"), *read)
+    nodes = list(schema.nodes())
+    checks: list[tuple[Column, str]] = [(_not_object(F.col("j")), "malformed JSON: not a JSON object")]
+    checks += [(record.within(n) & record.text[n.path].isNull(), f"missing {n.path}") for n in nodes if _required(n)]
+    checks += [c for n in nodes if _required(n) for c in _type_checks(n, record)]
+    event_time = F.col(_cast_column(schema.fields[TIME]))
+    checks.append(((event_time < 0) | (event_time > MAX_EVENT_TIME_MS), "eventTime out of range"))
+    checks += [c for n in nodes if not _required(n) for c in _type_checks(n, record)]
+    typed = [_typed(r, record).alias(r.name) for r in schema.roots]
+    return df.select(*RAW_COLUMNS, "fields", *typed, _reason(checks).alias("error"))
 
 
 LOGIN_SCHEMA = "userId string, eventType string, ipAddress string, eventTimestamp string, ingestionTimestamp string"
@@ -129,7 +198,7 @@ def _not_object(j: Column) -> Column:
 
 def with_defaults(parsed: DataFrame) -> DataFrame:
     """Every row, with a missing ingestionTimestamp as -1."""
-    return parsed.withColumn("ingestionTimestamp", F.coalesce("ingestionTimestamp", F.lit(-1).cast("long")))
+    return parsed.withColumn(INGESTED, F.coalesce(INGESTED, F.lit(-1).cast("long")))
 
 
 def valid(parsed: DataFrame) -> DataFrame:

@@ -16,9 +16,8 @@ from pyspark.sql import functions as F
 from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import ingest
-from fraudrules.engine.keying import TX_COLUMNS
+from fraudrules.event_schema import DEFAULT, MASK_BITS, EventSchema, Field
 from fraudrules.rules.codec import RULE_CHANGE, change_column
-from fraudrules.rules.model import PAYMENT_TYPES
 
 LOGIN_EVENT_COLUMNS = (
     "userId",
@@ -85,27 +84,50 @@ def rule_changes(spark: SparkSession, cfg: JobConfig, event_columns: dict[str, s
     return history.select(*events, change_column())
 
 
-def numeric(tx: DataFrame) -> DataFrame:
-    """Typed transactions as the integer columns keying reads (amounts in cents, payment type as a code)."""
-    code = F.array_position(F.array(*[F.lit(p) for p in PAYMENT_TYPES]), F.col("paymentType")) - 1
-    columns = {
-        "paymentAmount": (F.col("paymentAmount") * 100).cast("long"),
-        "paymentType": code.cast("long"),
-        "srcId": F.xxhash64("srcName"),
-    }
-    return tx.select(*[columns.get(c, F.col(c)).cast("long").alias(c) for c in TX_COLUMNS])
+def _coded(f: Field) -> Column:
+    """A typed field as the exact 64-bit integer keying reads: decimals scaled by their declared scale, booleans as
+    0/1, declared string values as their position; 0 where null (the null masks say so)."""
+    col = F.col(f.path)
+    if f.values:
+        col = F.array_position(F.array(*[F.lit(v) for v in f.values]), col) - 1
+    elif f.kind == "decimal":
+        col = col * 10**f.scale
+    return F.coalesce(col.cast("long"), F.lit(0).cast("long")) if f.nullable else col.cast("long")
 
 
-def transactions(raw: DataFrame, cfg: JobConfig) -> DataFrame:
+def _null_masks(schema: EventSchema) -> list[Column]:
+    """Bit `null_bit % 63` of mask `null_bit // 63` set where a nullable coded field is null."""
+    masks: list[Column] = []
+    nullable = [f for f in schema.fields.values() if f.null_bit >= 0]
+    for k, name in enumerate(schema.mask_columns):
+        bits = [
+            F.when(F.col(f.path).isNull(), F.lit(1 << (f.null_bit % MASK_BITS))).otherwise(F.lit(0)) for f in nullable
+        ]
+        bits = bits[k * MASK_BITS : (k + 1) * MASK_BITS]
+        masks.append(sum(bits[1:], bits[0]).cast("long").alias(name))
+    return masks
+
+
+def numeric(tx: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
+    """Typed transactions as the flat columns keying reads (`EventSchema.engine_columns`): every declared field,
+    nested ones included, as an exact integer (`_coded`) or as text, the null masks, the source position."""
+    fields = [(_coded(f) if f.coded else F.col(f.path).cast("string")).alias(f.column) for f in schema.fields.values()]
+    source = [F.col("srcTime").cast("long"), F.xxhash64("srcName").alias("srcId"), F.col("srcPos").cast("long")]
+    return tx.select(*fields, *_null_masks(schema), *source)
+
+
+def transactions(raw: DataFrame, cfg: JobConfig, schema: EventSchema = DEFAULT) -> DataFrame:
     """Valid transactions with the watermark, as keying reads them."""
-    tx = watermarked(ingest.valid(ingest.parse(raw)), "eventTime", cfg.lateness_ms)
-    return numeric(tx).select("*", _no_rule())
+    tx = watermarked(ingest.valid(ingest.parse(raw, schema)), "eventTime", cfg.lateness_ms)
+    return numeric(tx, schema).select("*", _no_rule())
 
 
-def window_input(spark: SparkSession, cfg: JobConfig, raw: DataFrame, labels: list[int]) -> DataFrame:
+def window_input(
+    spark: SparkSession, cfg: JobConfig, raw: DataFrame, labels: list[int], schema: EventSchema = DEFAULT
+) -> DataFrame:
     """Transactions and rule changes, both to every shard."""
-    tx = _to_all(transactions(raw, cfg), labels)
-    rules = _to_all(rule_changes(spark, cfg, {c: "long" for c in TX_COLUMNS}), labels)
+    tx = _to_all(transactions(raw, cfg, schema), labels)
+    rules = _to_all(rule_changes(spark, cfg, schema.engine_columns()), labels)
     return _one_stage(tx.unionByName(rules), cfg)
 
 

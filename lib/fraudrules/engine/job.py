@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import (
     EVALUATE_QUERY,
     INGEST_QUERY,
@@ -42,6 +42,10 @@ from fraudrules.engine.sinks import (
     publish_alerts,
 )
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
+from fraudrules.event_schema import EventSchema, SchemaError
+from fraudrules.rules import store
+from fraudrules.rules.codec import from_row
+from fraudrules.rules.model import EVALUATED, RuleError, validate
 
 STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
 BACKGROUND = (INGEST_QUERY, LOGINS_INGEST_QUERY)  # off the alert path: background pool, stream thread niced
@@ -56,8 +60,9 @@ def namespace(cfg: JobConfig, query: str) -> str:
 def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
     """Source records and rule changes → keyed, windowed evaluation: the processor's output rows."""
     labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
-    processor = RulesProcessor(cfg.lateness_ms, labels, namespace(cfg, EVALUATE_QUERY))
-    keyed = inputs.window_input(spark, cfg, raw, labels).groupBy("shard")
+    schema = event_schema.for_job(cfg)
+    processor = RulesProcessor(cfg.lateness_ms, labels, namespace(cfg, EVALUATE_QUERY), schema=schema)
+    keyed = inputs.window_input(spark, cfg, raw, labels, schema).groupBy("shard")
     return keyed.transformWithStateInPandas(processor, OUTPUT_SCHEMA, "append", "EventTime")
 
 
@@ -66,6 +71,32 @@ def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFr
     labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
     by_user = inputs.login_input(spark, cfg, raw, labels).groupBy("shard")
     return by_user.transformWithStateInPandas(LoginProcessor(labels), OUTPUT_SCHEMA, "append", "EventTime")
+
+
+def adopt_schema(spark: SparkSession, cfg: JobConfig) -> EventSchema:
+    """The event schema the job starts with (`event_schema.for_job`), once it fits what the job already holds:
+    SchemaError when an evaluated (ACTIVE or SHADOW) rule names a field it does not declare, or a field changes
+    type. Bronze gains the columns of the fields it adds; the schema is recorded beside the checkpoints."""
+    schema = event_schema.for_job(cfg)
+    problems = []
+    previous = event_schema.recorded(cfg)
+    if previous is not None and (changed := schema.changed_from(previous)):
+        problems.append("a field cannot change its type (" + "; ".join(changed) + ")")
+    for row in store.current(spark, cfg).values():
+        if row["ruleState"] in EVALUATED:
+            try:
+                validate(from_row(row), schema)
+            except RuleError as err:
+                problems.append(
+                    f"{row['ruleState']} {err} (pause or delete it first: `fraudrules rules pause {err.rule_id}`)"
+                )
+    if problems:
+        raise SchemaError(
+            f"the event schema {cfg.event_schema or '(default)'} does not fit this job: " + "; ".join(problems)
+        )
+    tables.evolve_bronze(spark, cfg)
+    event_schema.record(cfg, schema)
+    return schema
 
 
 def discard_unstarted(checkpoint: str) -> bool:
@@ -163,7 +194,7 @@ def query(
         return rule_changes(spark, cfg), RuleChangeSink(cfg, printer)
     if name == INGEST_QUERY:
         raw = raw if raw is not None else raw_transactions(spark, cfg)
-        return ingest.parse(raw), IngestSink(cfg, INGEST_QUERY)
+        return ingest.parse(raw, event_schema.for_job(cfg)), IngestSink(cfg, INGEST_QUERY)
     if name == LOGINS_INGEST_QUERY:
         return ingest.parse_logins(raw_logins(spark, cfg)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
     if name in STATEFUL:
@@ -189,9 +220,10 @@ def start(
     printer: Printer | None = say,
     names: tuple[str, ...] | None = None,
 ) -> Job:
-    """Create missing tables, commit what a previous run left in the outboxes, start the queries (`names`,
-    by default `query_names(cfg)`)."""
+    """Create missing tables, adopt the event schema (`adopt_schema`), commit what a previous run left in the
+    outboxes, start the queries (`names`, by default `query_names(cfg)`)."""
     tables.ensure(spark, cfg)
+    adopt_schema(spark, cfg)
     raw = raw if raw is not None else raw_transactions(spark, cfg)
     names = names or query_names(cfg)
     queries, committers = {}, []

@@ -5,37 +5,36 @@ micro-batch's transactions and the rules it holds in its own state (Flink's broa
 transactions by every ACTIVE rule and keeps the (rule, key) groups it owns. A rule change therefore
 reaches keying and evaluation together, in the same micro-batch, with no per-batch read of a rules table.
 
-A group is identified by two independent hashes of (ruleId, signature, key values): the 64-bit `g`
-orders and shards the groups, the 32-bit `h2` tells apart two keys whose `g` collide. Values are exact
-integers: amounts in cents, counts as 0.
+The transactions arrive with every field of the declared event schema as a flat column (`inputs.numeric`):
+numbers, booleans and strings with declared values as exact 64-bit integers (decimals scaled by their
+declared scale, 0 where null, nulls in bit masks), other strings as text. A group is identified by two
+independent hashes of (ruleId, signature, key values): the 64-bit `g` orders and shards the groups, the
+32-bit `h2` tells apart two keys whose `g` collide. A number enters both as itself; a string enters each as
+its own 64-bit hash (two different keys), so two strings that collide in one still differ in the other.
+
+Filters are evaluated with SQL's three-valued logic (`truth`): a comparison with a null field is UNKNOWN
+(`NE` and `NOT_IN` included), NOT UNKNOWN is UNKNOWN, `any` is TRUE when one term is TRUE and FALSE when all
+are FALSE, the filter's list is TRUE when all are TRUE; `IS_NULL` and `NOT_NULL` are never UNKNOWN. A rule
+keys an event only when its filter is TRUE, every grouping field is non-null and (unless it counts) the
+aggregated field is non-null.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import numpy as np
 import pandas as pd
 
-from fraudrules.rules.model import COUNT_FIELDS, NUMERIC_FIELDS, PAYMENT_TYPES, Condition, Rule
+from fraudrules.engine.windowing import NULL_UNIQ
+from fraudrules.event_schema import DEFAULT, INGESTED, MASK_BITS, EventSchema, Field
+from fraudrules.rules.model import COUNT_FIELDS, NULL_OPS, AnyOf, Condition, Not, Rule, Term
 
-# Transaction columns as the stateful stage receives them: integers only (cheap to move to Python).
-TX_COLUMNS = (
-    "transactionId",
-    "eventTime",
-    "payeeId",
-    "beneficiaryId",
-    "paymentAmount",
-    "paymentType",
-    "ingestionTimestamp",
-    "srcTime",
-    "srcId",
-    "srcPos",
-)
-AMOUNT_SCALE = NUMERIC_FIELDS["paymentAmount"]
 _I64_MAX = 2**63 - 1
 _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)
+_STRING_KEYS = ("fraudrules:key:1", "fraudrules:key:2")  # siphash keys of string values (16 bytes each)
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -57,50 +56,85 @@ def hash64(parts: list[np.ndarray], seed: int) -> np.ndarray:
     return h.view(np.int64)
 
 
+def string_hashes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each string (siphash under two keys; the same in every process)."""
+    h1, h2 = (pd.util.hash_array(values, hash_key=k, categorize=True).view(np.int64) for k in _STRING_KEYS)
+    return h1, h2
+
+
 @dataclass(frozen=True)
 class Transactions:
-    """A micro-batch's transactions as integer columns, in evaluation order (eventTime, then source order)."""
+    """A micro-batch's transactions as the engine's input columns, in evaluation order (eventTime, then source
+    order), read by event field path; per-field arrays are computed once per batch."""
 
     frame: pd.DataFrame
+    schema: EventSchema = DEFAULT
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
-    def of(frame: pd.DataFrame) -> Transactions:
+    def of(frame: pd.DataFrame, schema: EventSchema = DEFAULT) -> Transactions:
         ordered = frame.sort_values(["eventTime", "srcTime", "srcId", "srcPos"], kind="stable")
-        return Transactions(ordered.reset_index(drop=True))
+        return Transactions(ordered.reset_index(drop=True), schema)
 
     def __len__(self) -> int:
         return len(self.frame)
 
+    def _field(self, name: str) -> Field:
+        return self.schema.fields[name]
+
+    def _memoised(self, what: str, name: str, compute):
+        key = (what, name)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def column(self, name: str) -> np.ndarray:
-        return self.frame[name].to_numpy(np.int64)
+        """A field carried as integers (or an input column such as srcTime), as int64."""
+        declared = self.schema.field(name)
+        return self.frame[declared.column if declared else name].to_numpy(np.int64)
+
+    def strings(self, name: str) -> np.ndarray:
+        """A text field's values (None where null)."""
+        return self.frame[self._field(name).column].to_numpy(object)
 
     def present(self, name: str) -> np.ndarray:
-        """Rows where the field has a value (only ingestionTimestamp is optional; -1 means absent)."""
-        if name == "ingestionTimestamp":
-            return self.column(name) >= 0
-        return np.ones(len(self), dtype=bool)
+        """Rows where the field has a value."""
+        return self._memoised("present", name, lambda: self._present(self._field(name)))
 
+    def _present(self, f: Field) -> np.ndarray:
+        if f.path == INGESTED:  # carried as -1 when absent
+            return self.column(f.path) >= 0
+        if not f.nullable:
+            return np.ones(len(self), dtype=bool)
+        if not f.coded:
+            return ~pd.isna(self.strings(f.path))
+        mask = self.frame[f"_nulls{f.null_bit // MASK_BITS}"].to_numpy(np.int64)
+        return (mask >> np.int64(f.null_bit % MASK_BITS)) & 1 == 0
 
-def field_scale(name: str) -> int:
-    return NUMERIC_FIELDS.get(name, 0)
+    def parts(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """What the two group hashes take of a field: an integer field itself in both, a string field each of its
+        two hashes."""
+        if self._field(name).coded:
+            x = self.column(name)
+            return x, x
+        return self._memoised("hashes", name, lambda: string_hashes(self.strings(name)))
 
-
-def field_text(name: str, value: int) -> str:
-    """A field's value as text, the way keys show it: amounts with 2 places, payment types by name."""
-    if name == "paymentType":
-        return PAYMENT_TYPES[value] if 0 <= value < len(PAYMENT_TYPES) else "?"
-    if name == "ingestionTimestamp" and value < 0:
-        return "null"
-    scale = field_scale(name)
-    if scale:
-        return str((Decimal(value) / 10**scale).quantize(Decimal(1).scaleb(-scale)))
-    return str(value)
-
-
-def key_text(rule: Rule, values: tuple[int, ...]) -> str:
-    """The key as a JSON object of field name → value text (the alerts table's `key`)."""
-    parts = (f'"{n}":"{field_text(n, v)}"' for n, v in zip(rule.grouping_key_names, values, strict=True))
-    return "{" + ",".join(parts) + "}"
+    def texts(self, name: str, rows: np.ndarray) -> list[str]:
+        """A field's values at `rows` as keys show them: numbers at their scale, strings as they are."""
+        f = self._field(name)
+        if not f.coded:
+            return [str(v) for v in self.strings(name)[rows]]
+        values = self.column(name)[rows]
+        if f.values:
+            return [f.values[v] if 0 <= v < len(f.values) else "?" for v in values.tolist()]
+        if f.kind == "boolean":
+            return ["true" if v else "false" for v in values.tolist()]
+        if f.path == INGESTED:
+            return [str(v) if v >= 0 else "null" for v in values.tolist()]
+        if f.scale:
+            unit = Decimal(1).scaleb(-f.scale)
+            return [str((Decimal(v) / 10**f.scale).quantize(unit)) for v in values.tolist()]
+        return [str(v) for v in values.tolist()]
 
 
 def _bound(value: Decimal, scale: int, op: str) -> int | None:
@@ -121,27 +155,45 @@ def _compare(x: np.ndarray, op: str, bound: int) -> np.ndarray:
     return _ORDER[op](x, bound)
 
 
-def _condition(tx: Transactions, c: Condition) -> np.ndarray:
-    """Rows passing one filter term; a missing field passes no term (as SQL's NULL would not)."""
-    x = tx.column(c.field)
-    if c.field == "paymentType":
-        hit = np.isin(x, [PAYMENT_TYPES.index(v) for v in c.values if v in PAYMENT_TYPES])
+def _hit(tx: Transactions, c: Condition) -> np.ndarray:
+    """Rows where `field op value(s)` holds, as if every value were present (nulls are masked by the caller)."""
+    f = tx.schema.fields[c.field]
+    if not f.coded:
+        hit = pd.Series(tx.strings(c.field), copy=False).isin(c.values).to_numpy()
+    elif f.values:  # strings carried as their position among the declared values
+        hit = np.isin(tx.column(c.field), [f.values.index(v) for v in c.values if v in f.values])
+    elif f.kind == "boolean":
+        hit = np.isin(tx.column(c.field), [int(v == "true") for v in c.values])
     elif c.op in _ORDER:
-        hit = _compare(x, c.op, _bound(Decimal(c.values[0]), field_scale(c.field), c.op))
+        hit = _compare(tx.column(c.field), c.op, _bound(Decimal(c.values[0]), f.scale, c.op))
     else:
-        exact = (_bound(Decimal(v), field_scale(c.field), c.op) for v in c.values)
-        hit = np.isin(x, [b for b in exact if b is not None and abs(b) <= _I64_MAX])
-    if c.op in ("NE", "NOT_IN"):
-        hit = ~hit
-    return hit & tx.present(c.field)
+        exact = (_bound(Decimal(v), f.scale, c.op) for v in c.values)
+        hit = np.isin(tx.column(c.field), [b for b in exact if b is not None and abs(b) <= _I64_MAX])
+    return ~hit if c.op in ("NE", "NOT_IN") else hit
+
+
+def truth(tx: Transactions, term: Term) -> tuple[np.ndarray, np.ndarray]:
+    """The rows where a filter term is TRUE and where it is FALSE (elsewhere it is UNKNOWN)."""
+    if isinstance(term, Not):
+        true, false = truth(tx, term.term)
+        return false, true
+    if isinstance(term, AnyOf):
+        parts = [truth(tx, t) for t in term.terms]
+        return np.logical_or.reduce([p[0] for p in parts]), np.logical_and.reduce([p[1] for p in parts])
+    present = tx.present(term.field)
+    if term.op in NULL_OPS:
+        return (~present, present) if term.op == "IS_NULL" else (present, ~present)
+    hit = _hit(tx, term)
+    return hit & present, ~hit & present
 
 
 def passes(tx: Transactions, rule: Rule) -> np.ndarray:
-    """Rows the rule keys: its filter passes and the fields it reads are present."""
+    """Rows the rule keys: its filter is TRUE, its grouping fields and (unless it counts) its aggregated field
+    are non-null."""
     mask = np.ones(len(tx), dtype=bool)
-    for c in rule.filter:
-        mask &= _condition(tx, c)
-    for name in (*rule.grouping_key_names, *rule.unique):
+    for term in rule.filter:
+        mask &= truth(tx, term)[0]
+    for name in rule.grouping_key_names:
         mask &= tx.present(name)
     if rule.field not in COUNT_FIELDS:
         mask &= tx.present(rule.field)
@@ -157,20 +209,30 @@ class Keyed:
     h2: np.ndarray
     shard: np.ndarray
     val: np.ndarray  # the aggregated field, scaled (0 for counts)
-    uniq: np.ndarray  # hash of the rule's `unique` fields (0 when unused)
+    uniq: np.ndarray  # hash of the rule's `unique` fields (0 when unused, NULL_UNIQ where one is null)
 
     def take(self, sel: np.ndarray) -> Keyed:
         return Keyed(self.rows[sel], self.g[sel], self.h2[sel], self.shard[sel], self.val[sel], self.uniq[sel])
 
 
+def _distinct_values(tx: Transactions, rule: Rule, rows: np.ndarray) -> np.ndarray:
+    """Hash of the `unique` fields at `rows`; NULL_UNIQ where one of them is null (SQL's COUNT(DISTINCT))."""
+    uniq = hash64([tx.parts(n)[0][rows] for n in rule.unique], _SEEDS[0])
+    uniq[uniq == NULL_UNIQ] += 1
+    null = ~np.logical_and.reduce([tx.present(n)[rows] for n in rule.unique])
+    uniq[null] = NULL_UNIQ
+    return uniq
+
+
 def key(tx: Transactions, rule: Rule, sig: int, shards: int) -> Keyed:
     """Key the batch for one ACTIVE rule: every row it keys, its group and the shard owning the group."""
     rows = np.flatnonzero(passes(tx, rule))
-    fields = [tx.column(n)[rows] for n in rule.grouping_key_names]
-    ident = [np.full(len(rows), rule.rule_id, dtype=np.int64), np.full(len(rows), sig, dtype=np.int64), *fields]
-    g, h2 = hash64(ident, _SEEDS[0]), hash64(ident, _SEEDS[1]) >> 32
+    ident = [np.full(len(rows), rule.rule_id, dtype=np.int64), np.full(len(rows), sig, dtype=np.int64)]
+    fields = [tx.parts(n) for n in rule.grouping_key_names]
+    g = hash64([*ident, *(p[0][rows] for p in fields)], _SEEDS[0])
+    h2 = hash64([*ident, *(p[1][rows] for p in fields)], _SEEDS[1]) >> 32
     val = np.zeros(len(rows), dtype=np.int64) if rule.field in COUNT_FIELDS else tx.column(rule.field)[rows]
-    uniq = hash64([tx.column(n)[rows] for n in rule.unique], _SEEDS[0]) if rule.unique else np.zeros_like(val)
+    uniq = _distinct_values(tx, rule, rows) if rule.unique else np.zeros_like(val)
     return Keyed(rows, g, h2, shard_of(g, shards), val, uniq)
 
 
@@ -179,9 +241,15 @@ def shard_of(g: np.ndarray, shards: int) -> np.ndarray:
 
 
 def key_texts(tx: Transactions, rule: Rule, rows: np.ndarray) -> list[str]:
-    """`key_text` of the given transaction rows."""
-    columns = [tx.frame[n].to_numpy()[rows].tolist() for n in rule.grouping_key_names]
-    return [key_text(rule, values) for values in zip(*columns, strict=True)] if columns else ["{}"] * len(rows)
+    """The key of each given row as a JSON object of field name → value text (the alerts table's `key`)."""
+    names = [json.dumps(n) for n in rule.grouping_key_names]
+    columns = [[json.dumps(t) for t in tx.texts(n, rows)] for n in rule.grouping_key_names]
+    if not columns:
+        return ["{}"] * len(rows)
+    return [
+        "{" + ",".join(f"{n}:{v}" for n, v in zip(names, values, strict=True)) + "}"
+        for values in zip(*columns, strict=True)
+    ]
 
 
 def fan_out(tx: Transactions, rules: list[tuple[Rule, int]], shards: int) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from fraudrules.engine.logins import decode_sequences, encode_sequences
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, Meta, Resets, ShardEvents, cache_for, death_time, drop_dead
 from fraudrules.engine.tws_input import VectorizedInput
+from fraudrules.event_schema import DEFAULT, EventSchema
 
 TEXT = StructType([StructField("text", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
@@ -54,8 +55,8 @@ class MapBackend:
 class ShardState:
     """Load and save of one shard's rules, catalog and reset bookkeeping."""
 
-    def __init__(self, handle: StatefulProcessorHandle):
-        self.handle = handle
+    def __init__(self, handle: StatefulProcessorHandle, schema: EventSchema):
+        self.handle, self.schema = handle, schema
         self.rules = handle.getValueState("rules", TEXT)
         self.meta = handle.getValueState("meta", TEXT)
         self.resets = handle.getValueState("resets", BLOB)
@@ -63,7 +64,7 @@ class ShardState:
 
     def load_rules(self) -> RuleSet:
         row = self.rules.get()
-        return RuleSet.from_json(row[0] if row else None)
+        return RuleSet.from_json(row[0] if row else None, self.schema)
 
     def load_meta(self) -> Meta:
         row = self.meta.get()
@@ -86,15 +87,23 @@ class ShardState:
 
 
 class RulesProcessor(VectorizedInput, StatefulProcessor):
-    """Window rules on transformWithStateInPandas; `namespace` names the shard caches of one checkpoint."""
+    """Window rules on transformWithStateInPandas over events of the declared `schema`; `namespace` names the
+    shard caches of one checkpoint."""
 
-    def __init__(self, lateness_ms: int, labels: list[int], namespace: str, timer_coalesce_ms: int = 10_000):
+    def __init__(
+        self,
+        lateness_ms: int,
+        labels: list[int],
+        namespace: str,
+        timer_coalesce_ms: int = 10_000,
+        schema: EventSchema = DEFAULT,
+    ):
         self.lateness_ms, self.coalesce_ms = lateness_ms, timer_coalesce_ms
         self.index = {label: i for i, label in enumerate(labels)}
-        self.namespace = namespace
+        self.namespace, self.schema = namespace, schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = ShardState(handle)
+        self.state = ShardState(handle, self.schema)
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         timings = Timings()
@@ -113,6 +122,7 @@ class RulesProcessor(VectorizedInput, StatefulProcessor):
             shard,
             len(self.index),
             timings=timings,
+            schema=self.schema,
         )
         if result.rules_changed:
             self.state.rules.update((rules.to_json(),))

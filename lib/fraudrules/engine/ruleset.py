@@ -12,7 +12,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fraudrules.rules.model import EVALUATED, Rule, parse_rule
+from fraudrules.event_schema import DEFAULT, EventSchema
+from fraudrules.rules.model import EVALUATED, Rule, RuleError, parse_rule, stored_rule
 
 
 @dataclass
@@ -25,9 +26,14 @@ class InForce:
 
 @dataclass
 class RuleSet:
+    """`schema`: the event schema the shard keys with (not kept in the state): a rule naming a field it does not
+    declare is not evaluated (the job refuses to start with such an ACTIVE rule, and submissions are checked
+    against the job's schema, so none should arrive)."""
+
     rules: dict[int, InForce] = field(default_factory=dict)
     epoch: int = 0
-    _parsed: dict[tuple[int, int], Rule] = field(default_factory=dict, repr=False, compare=False)
+    schema: EventSchema = field(default=DEFAULT, repr=False, compare=False)
+    _parsed: dict[tuple[int, int], Rule | None] = field(default_factory=dict, repr=False, compare=False)
 
     def apply(self, changes: Iterable[dict]) -> bool:
         """Apply rule changes (`codec.decode_change` dicts); True when anything changed."""
@@ -44,10 +50,22 @@ class RuleSet:
         return changed
 
     def rule(self, rule_id: int) -> Rule:
+        """The rule in force, resolved against the schema (checked when evaluated, see `usable`)."""
+        f = self.rules[rule_id]
+        usable = self.usable(rule_id)
+        return (
+            usable if usable is not None else stored_rule(json.loads(f.rule_json), self.schema).with_version(f.version)
+        )
+
+    def usable(self, rule_id: int) -> Rule | None:
+        """The rule in force if every field it names is declared in the schema, else None."""
         f = self.rules[rule_id]
         key = (rule_id, f.version)
         if key not in self._parsed:
-            self._parsed[key] = parse_rule(json.loads(f.rule_json)).with_version(f.version)
+            try:
+                self._parsed[key] = parse_rule(json.loads(f.rule_json), self.schema).with_version(f.version)
+            except RuleError:
+                self._parsed[key] = None
         return self._parsed[key]
 
     def active(self, rule_type: str) -> list[Rule]:
@@ -56,8 +74,8 @@ class RuleSet:
         out = []
         for rid in sorted(self.rules):
             if self.rules[rid].state in EVALUATED:
-                rule = self.rule(rid)
-                if rule.rule_type == rule_type:
+                rule = self.usable(rid)
+                if rule is not None and rule.rule_type == rule_type:
                     out.append(rule)
         return out
 
@@ -73,8 +91,8 @@ class RuleSet:
         return json.dumps({"epoch": self.epoch, "rules": rules}, separators=(",", ":"))
 
     @staticmethod
-    def from_json(text: str | None) -> RuleSet:
+    def from_json(text: str | None, schema: EventSchema = DEFAULT) -> RuleSet:
         if not text:
-            return RuleSet()
+            return RuleSet(schema=schema)
         raw = json.loads(text)
-        return RuleSet({int(k): InForce(*v) for k, v in raw["rules"].items()}, int(raw["epoch"]))
+        return RuleSet({int(k): InForce(*v) for k, v in raw["rules"].items()}, int(raw["epoch"]), schema)

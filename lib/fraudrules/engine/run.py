@@ -20,7 +20,7 @@ from typing import Protocol
 
 from pyspark.sql import SparkSession
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import job, progress
 from fraudrules.engine.messages import rule_text
@@ -42,12 +42,13 @@ class Writer(Protocol):
 
 
 def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = say) -> None:
-    """Create missing tables; an empty rules table gets the rules of `rules_file` (if given)."""
+    """Create missing tables; an empty rules table gets the rules of `rules_file` (if given), validated against
+    the job's event schema (RuleError)."""
     created = tables.ensure(spark, cfg)
     if created:
         printer(f"created {len(created)} tables: {', '.join(created)}")
     if rules_file and not store.current(spark, cfg):
-        rules = load_rules_file(rules_file)
+        rules = load_rules_file(rules_file, event_schema.for_job(cfg))
         store.upsert(spark, cfg, rules, author="fraudrules run")
         printer(f"loaded {len(rules)} rules from {rules_file}:")
         for rule in rules:

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.engine import progress
 from fraudrules.engine.ingest import valid, with_defaults
@@ -518,13 +518,14 @@ class RuleChangeSink:
     def __init__(self, cfg: JobConfig, printer: Printer | None = progress.say):
         self.cfg, self.printer = cfg, printer
         self.ledgers = tables.Ledgers(cfg, RULES_QUERY)
+        self.schema = event_schema.for_job(cfg)  # rules naming fields it does not declare go to rule_errors
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         spark = df.sparkSession
         errors = []
         # a few rows (one per change set): sorted here, not by a Spark sort (a sampling job and a shuffle)
         for row in sorted(df.collect(), key=lambda r: (r.modified, r.source)):
-            changes, problems = parse_rules_text(row.value)
+            changes, problems = parse_rules_text(row.value, self.schema)
             applied = store.apply(
                 spark,
                 self.cfg,

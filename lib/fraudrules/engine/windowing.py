@@ -21,6 +21,8 @@ import numpy as np
 
 from fraudrules.rules.model import COUNT_FIELDS, RESET_FIELD, Rule
 
+NULL_UNIQ = np.iinfo(np.int64).min  # `uniq` of an event whose distinct field is null (set by keying)
+
 ALERT_SCALE = 18  # decimal places of a rendered AVG aggregate (alerts table column is DECIMAL(38, 18))
 _I64_SAFE = 2**62
 
@@ -283,7 +285,8 @@ def _range_extreme(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, op) -> np.n
 
 
 def _distinct(uniq: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Distinct `uniq` values in each range: rows whose previous equal value lies before `lo`.
+    """Distinct `uniq` values in each range: rows whose previous equal value lies before `lo`, rows with a null
+    distinct field (`NULL_UNIQ`) not counted (SQL's COUNT(DISTINCT)).
 
     Counted offline with a Fenwick tree over positions, queries swept by their `hi`.
     """
@@ -301,9 +304,10 @@ def _distinct(uniq: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -
     for qi in by_hi:
         h = int(hi[qi])
         while j <= h:
-            if prev[j] >= 0:
-                _fenwick_add(tree, int(prev[j]), -1)
-            _fenwick_add(tree, j, 1)
+            if uniq[j] != NULL_UNIQ:  # a null's chain of previous nulls is never marked
+                if prev[j] >= 0:
+                    _fenwick_add(tree, int(prev[j]), -1)
+                _fenwick_add(tree, j, 1)
             j += 1
         out[qi] = _fenwick_sum(tree, h) - _fenwick_sum(tree, int(lo[qi]) - 1)
     return out

@@ -17,17 +17,16 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY, JobConfig
 from fraudrules.engine import keying
-from fraudrules.engine.inputs import shard_labels
+from fraudrules.engine.inputs import numeric, shard_labels
 from fraudrules.engine.logins import decode_sequences
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, Resets, decode
 from fraudrules.engine.windowing import FIELDS
 
 STATE_COLUMNS = ("shard", "ruleId", "sig", "key", "eventTime", "transactionId", "seq", "value")
-KEY_FIELDS = keying.TX_COLUMNS[1:7]  # the transaction fields a rule can group by (after transactionId)
 
 
 @dataclass(frozen=True)
@@ -107,18 +106,18 @@ def entries(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) ->
     if ev.empty:
         return pd.DataFrame(columns=list(STATE_COLUMNS))
     batch = _batch(cfg, batch_id)
-    rules = RuleSet.from_json(next(iter(_values(spark, cfg, "rules", batch.batch_id).values())))
+    schema = event_schema.for_job(cfg)
+    rules = RuleSet.from_json(next(iter(_values(spark, cfg, "rules", batch.batch_id).values())), schema)
     wanted = tables.read(spark, cfg, "transactions").where(F.col("transactionId").isin(*set(ev["tx"].tolist())))
-    fields = wanted.select("transactionId", *KEY_FIELDS).toPandas().drop_duplicates("transactionId")
-    fields["paymentAmount"] = (fields["paymentAmount"].astype(object) * 100).astype("int64")
-    fields["paymentType"] = fields["paymentType"].map({p: i for i, p in enumerate(keying.PAYMENT_TYPES)})
-    by_tx = fields.set_index("transactionId")
+    # the transactions as the engine read them (its own columns), so that keys read as the engine writes them
+    frame = numeric(wanted.withColumn("srcTime", F.lit(0)), schema).toPandas().drop_duplicates("transactionId")
+    tx = keying.Transactions(frame.reset_index(drop=True), schema)
+    row_of = {int(t): i for i, t in enumerate(tx.column("transactionId"))}
     keys = []
     for rule_id, txid in zip(ev["rule"], ev["tx"], strict=True):
-        rule = rules.rule(int(rule_id))
-        found = int(txid) in by_tx.index
-        values = tuple(int(by_tx.at[int(txid), n]) for n in rule.grouping_key_names) if found else None
-        keys.append(keying.key_text(rule, values) if values is not None else None)
+        row = row_of.get(int(txid))
+        rows = np.array([] if row is None else [row], dtype=np.int64)
+        keys.append(keying.key_texts(tx, rules.rule(int(rule_id)), rows)[0] if row is not None else None)
     out = ev.rename(columns={"rule": "ruleId", "t": "eventTime", "tx": "transactionId", "val": "value"})
     return out.assign(key=keys)[list(STATE_COLUMNS)].astype({c: "int64" for c in STATE_COLUMNS if c != "key"})
 
