@@ -96,6 +96,20 @@ def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
         raise UsageError(str(err)) from None
 
 
+def schema_problem(path: str | None) -> str | None:
+    """Why `--event-schema PATH` cannot be used (None: it can)."""
+    from fraudrules.event_schema import file_problem as problem
+
+    return problem(path)
+
+
+EVENT_SCHEMA_HELP = (
+    "the transaction event schema: a file of Spark SQL DDL, e.g. `transactionId BIGINT, eventTime BIGINT, "
+    "merchant STRUCT<country: STRING>, ...` (default: the schema the job last started with, else the reference "
+    "demo's transaction; see lib/fraudrules/schemas)"
+)
+
+
 def table_problem(cfg: JobConfig, name: str) -> str | None:
     """A local table that does not exist yet (catalog tables are checked by Spark)."""
     if cfg.uses_catalog or is_remote(cfg.data_dir) or os.path.isdir(os.path.join(cfg.table(name), "_delta_log")):
@@ -110,10 +124,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     sources = {"--transactions": args.transactions_source, "--logins": args.logins_source}
     check(
         file_problem(args.rules),
+        schema_problem(args.event_schema),
         *(input_problem(path, flag, must_have_files=False) for flag, path in sources.items() if path),
     )
+    from fraudrules import event_schema
     from fraudrules.engine import progress, run
+    from fraudrules.event_schema import SchemaError
     from fraudrules.generator import demo_writers, sample_rules_path
+    from fraudrules.rules.model import RuleError
     from fraudrules.session import get_spark, kafka_secret_options, on_databricks
 
     secrets = kafka_secret_options(args.kafka_secret_scope) if args.kafka_bootstrap else {}
@@ -126,13 +144,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = run.Stop()
     stop.starting = "the tables are ready"
     where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
-    with progress.ticker(print, f"preparing tables in {where}"):
-        run.prepare(spark, cfg, args.rules or (sample_rules_path() if generate else None))
+    try:
+        with progress.ticker(print, f"preparing tables in {where}"):
+            run.prepare(spark, cfg, args.rules or (sample_rules_path(event_schema.for_job(cfg)) if generate else None))
+    except (SchemaError, RuleError) as err:  # the schema does not fit the job's rules, or the rules file the schema
+        spark.stop()
+        raise UsageError(str(err)) from None
     if stop.requested.is_set():
         spark.stop()
         print("stopped before the queries started")
         return 0
-    writers = demo_writers(cfg, args.rate) if generate else []
+    writers = demo_writers(cfg, args.rate, event_schema.for_job(cfg)) if generate else []
     if writers:
         into = (
             f"topics {cfg.kafka_transactions_topic}, {cfg.kafka_logins_topic}"
@@ -166,15 +188,20 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         input_problem(args.transactions_input, "--transactions") if args.transactions_input else None,
         input_problem(args.logins_input, "--logins") if args.logins_input else None,
         file_problem(args.rules),
+        schema_problem(args.event_schema),
         output_problem(args.out, "--out"),
     )
+    from fraudrules import event_schema
     from fraudrules.rules.model import parse_rules_text
 
-    rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"))
-    for err in errors:  # like the rules stream: invalid rules are reported, the valid ones still run
-        print(f"skipping invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
+    schema = event_schema.of(args.event_schema)
+    rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"), schema)
+    for err in errors:  # every invalid rule named, before Spark starts
+        print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
+    if errors:
+        raise UsageError(f"--rules {args.rules}: {len(errors)} invalid rule{'s' if len(errors) > 1 else ''}")
     if not rules:
-        raise UsageError(f"--rules {args.rules}: no valid rules")
+        raise UsageError(f"--rules {args.rules}: no rules")
 
     from fraudrules import backtest
     from fraudrules.session import get_spark
@@ -209,9 +236,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     check(output_problem(os.path.join(args.out, "part-000000.json"), "--out"))
-    from fraudrules.generator import Workload, write_jsonl
+    from fraudrules.generator import RichWorkload, Workload, write_jsonl
 
-    wl = Workload(count=args.count, seed=args.seed, payees=args.payees, beneficiaries=args.beneficiaries)
+    kind = RichWorkload if args.event_kind == "rich" else Workload
+    wl = kind(count=args.count, seed=args.seed, payees=args.payees, beneficiaries=args.beneficiaries)
     n = write_jsonl(args.out, wl.transactions(), per_file=args.per_file)
     files = -(-n // args.per_file)
     print(f"wrote {n:,} transactions to {args.out} ({files:,} file{'s' if files != 1 else ''})")
@@ -231,6 +259,7 @@ def rule_id(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
+    from fraudrules import event_schema
     from fraudrules.rules.model import RuleError, parse_rules_text
 
     changes, target, period = [], None, {}
@@ -239,7 +268,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
             raise UsageError(f"rules {args.action} needs a rules file, or - to read them from stdin")
         check(file_problem(args.target, f"rules {args.action}"))
         text = sys.stdin.read() if args.target == "-" else Path(args.target).read_text(encoding="utf-8")
-        changes, errors = parse_rules_text(text, state="SHADOW" if args.action == "shadow" else None)
+        schema = event_schema.for_job(job_config(args))  # the schema the job last started with
+        changes, errors = parse_rules_text(text, schema, state="SHADOW" if args.action == "shadow" else None)
         if errors:  # nothing is applied from a file with an invalid rule
             for err in errors:
                 print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
@@ -276,12 +306,15 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int | None, author: str) -> list[str]:
+    from fraudrules import event_schema
     from fraudrules.engine.messages import rule_text
     from fraudrules.rules import store
-    from fraudrules.rules.model import parse_rule
+    from fraudrules.rules.codec import from_row
+
+    schema = event_schema.for_job(cfg)
 
     def describe(row: dict) -> str:
-        rule = parse_rule(json.loads(row["ruleJson"]))
+        rule = from_row(row, schema)
         return rule_text(rule) + (f" · shadows rule {rule.shadow_of}" if rule.shadow_of is not None else "")
 
     def changed(row: dict) -> str:
@@ -442,6 +475,7 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         "--rate", type=non_negative_float, default=200.0, help="generated transactions per second (0: none)"
     )
     run.add_argument("--rules", help="rules file loaded into an empty rules table (default with the generator: demo)")
+    run.add_argument("--event-schema", metavar="FILE", help=EVENT_SCHEMA_HELP)
     run.add_argument(
         "--trigger-seconds", type=positive_float, default=0.1, help="a stateful micro-batch at most this often"
     )
@@ -501,6 +535,11 @@ def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
     bt.add_argument("--transactions", dest="transactions_input", metavar="PATH", help="transactions (file/folder/glob)")
     bt.add_argument("--logins", dest="logins_input", metavar="PATH", help="login events (file/folder/glob)")
     bt.add_argument("--rules", required=True, metavar="FILE", help="rules: a JSON list (or one rule)")
+    bt.add_argument(
+        "--event-schema",
+        metavar="FILE",
+        help=EVENT_SCHEMA_HELP.replace("the job last started with", "of --data-dir's last run"),
+    )
     bt.add_argument("--out", required=True, metavar="FILE", help="where the alerts go, as JSON lines")
     bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a fresh temporary one)")
     bt.add_argument(
@@ -576,6 +615,14 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--payees", type=positive_int, default=2_000, help="distinct payees (Zipf-skewed)")
     gen.add_argument("--beneficiaries", type=positive_int, default=500, help="distinct beneficiaries (Zipf-skewed)")
     gen.add_argument("--per-file", type=positive_int, default=5_000, help="transactions per file")
+    gen.add_argument(
+        "--schema",
+        dest="event_kind",
+        choices=["default", "rich"],
+        default="default",
+        help="the events' schema: the reference demo's transaction, or lib/fraudrules/schemas/rich.ddl (merchant, "
+        "channel, device, basket, card; bursts also from one device and into one merchant country)",
+    )
     gen.set_defaults(func=cmd_generate)
 
     _add_rules(sub, [common, where])

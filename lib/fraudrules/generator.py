@@ -19,13 +19,33 @@ from importlib import resources
 import numpy as np
 
 from fraudrules.config import JobConfig
+from fraudrules.event_schema import DEFAULT, EventSchema
 
 _CHUNK = 100_000
 SAMPLE_RULES = "sample_rules.json"  # rules that catch the injected bursts, plus the login detector (in the package)
+RICH_SAMPLE_RULES = "sample_rules_rich.json"  # the same, plus rules on the rich schema's fields
 
 
-def sample_rules_path() -> str:
-    return str(resources.files("fraudrules").joinpath(SAMPLE_RULES))
+def sample_rules_path(schema: EventSchema = DEFAULT) -> str:
+    """The sample rules for a job of this schema (with rules on the rich fields when it declares them)."""
+    name = RICH_SAMPLE_RULES if is_rich(schema) else SAMPLE_RULES
+    return str(resources.files("fraudrules").joinpath(name))
+
+
+RICH_FIELDS = (
+    "channel",
+    "deviceId",
+    "merchant.id",
+    "merchant.category",
+    "merchant.country",
+    "basket.items",
+    "card.bin",
+)
+
+
+def is_rich(schema: EventSchema) -> bool:
+    """Whether events of this schema carry the fields `RichWorkload` writes."""
+    return all(schema.field(p) is not None for p in RICH_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,77 @@ class Workload:
                     "paymentAmount": f"{amount // 100}.{amount % 100:02d}",
                     "paymentType": str(types[j]),
                 }
+
+
+CHANNELS = ("web", "app", "pos", "atm")
+CATEGORIES = ("grocery", "fuel", "travel", "electronics", "fashion", "gambling")
+COUNTRIES = ("FR", "DE", "GB", "NL", "ES", "IT", "US", "PL", "SE", "MT")
+
+
+@dataclass(frozen=True)
+class RichWorkload(Workload):
+    """Transactions of the rich schema (`schemas/rich.ddl`): the reference demo's fields (and its bursts) plus a
+    channel, a device, a merchant (id, category, country), a basket and a card, some of them absent (null):
+    cash payments have no card, payments at a till no device, one in five no basket, a few merchants no category.
+    Injected fraud on the new fields: every `device_burst_every` transactions, `device_burst` payments in a row
+    from one device on the web or the app; every `gambling_burst_every`, `gambling_burst` large gambling payments
+    into one merchant country over the web."""
+
+    devices: int = 20_000
+    merchants: int = 3_000
+    device_burst_every: int = 5_000
+    device_burst: int = 45
+    gambling_burst_every: int = 4_000
+    gambling_burst: int = 12
+
+    def transactions(self) -> Iterator[dict]:
+        rng = np.random.default_rng(self.seed + 1)
+        merchant_w = _zipf_weights(self.merchants, self.zipf)
+        merchant_country = rng.choice(len(COUNTRIES), self.merchants, p=_zipf_weights(len(COUNTRIES), 1.0))
+        merchant_category = rng.choice(len(CATEGORIES), self.merchants, p=[0.3, 0.15, 0.15, 0.15, 0.2, 0.05])
+        device_left = gambling_left = 0
+        device = country = 0
+        for i, tx in enumerate(super().transactions()):
+            if i % _CHUNK == 0:
+                n = min(_CHUNK, self.count - i)
+                channels = rng.choice(len(CHANNELS), n, p=[0.45, 0.3, 0.2, 0.05])
+                devices = rng.integers(self.devices, size=n)  # no hot device: a device's burst stands out
+                merchants = rng.choice(self.merchants, n, p=merchant_w)
+                items, roll = rng.integers(1, 12, n), rng.random((n, 3))
+            j = i % _CHUNK
+            if self.device_burst_every and i % self.device_burst_every == self.device_burst_every - 1:
+                device_left, device = self.device_burst, int(devices[j])
+            if self.gambling_burst_every and i % self.gambling_burst_every == self.gambling_burst_every // 2:
+                gambling_left, country = self.gambling_burst, int(rng.integers(len(COUNTRIES)))
+            channel, merchant = CHANNELS[channels[j]], int(merchants[j])
+            extra = {
+                "channel": channel,
+                "deviceId": f"d-{devices[j]:06d}",
+                "merchant": {
+                    "id": f"m-{merchant:05d}",
+                    "category": CATEGORIES[merchant_category[merchant]],
+                    "country": COUNTRIES[merchant_country[merchant]],
+                },
+                "basket": {"items": int(items[j])},
+                "card": {"bin": f"{400000 + merchant * 7 % 99991:06d}"},
+            }
+            if device_left:  # one device hammering the web or the app
+                extra["deviceId"], extra["channel"] = f"d-{device:06d}", ("web", "app")[device_left % 2]
+                device_left -= 1
+            elif gambling_left:  # large gambling payments into one country within seconds
+                extra["channel"], extra["merchant"]["country"] = "web", COUNTRIES[country]
+                extra["merchant"]["category"] = "gambling"
+                tx["paymentAmount"] = f"{2_000 + int(roll[j, 0] * 3_000)}.{int(roll[j, 1] * 100):02d}"
+                gambling_left -= 1
+            if extra["channel"] in ("pos", "atm"):
+                del extra["deviceId"]
+            if tx["paymentType"] == "CSH":
+                del extra["card"]
+            if roll[j, 2] < 0.2:
+                del extra["basket"]
+            elif roll[j, 2] > 0.98:
+                del extra["merchant"]["category"]
+            yield {**tx, **extra}
 
 
 def _zipf_weights(n: int, s: float) -> np.ndarray:
@@ -229,11 +320,13 @@ def _login(user: int, kind: str, ip: str, t: int) -> dict:
     return {"userId": user, "eventType": kind, "ipAddress": ip, "eventTimestamp": t}
 
 
-def demo_writers(cfg: JobConfig, rate: float) -> list[PacedWriter]:
-    """`fraudrules run`'s embedded generator: `rate` transactions and a tenth as many logins a second, stamped
-    with the wall clock, into the landing folders, or into the topics for a Kafka source (not started)."""
+def demo_writers(cfg: JobConfig, rate: float, schema: EventSchema = DEFAULT) -> list[PacedWriter]:
+    """`fraudrules run`'s embedded generator: `rate` transactions (of the rich schema's kind when the schema
+    declares its fields) and a tenth as many logins a second, stamped with the wall clock, into the landing
+    folders, or into the topics for a Kafka source (not started)."""
     first_id = int(time.time() * 1000) * 1000  # fresh ids on every start
-    transactions = Workload(count=10**12, seed=first_id % 2**32, first_id=first_id, burst_every=500)
+    kind = RichWorkload if is_rich(schema) else Workload
+    transactions = kind(count=10**12, seed=first_id % 2**32, first_id=first_id, burst_every=500)
     logins = LoginWorkload(count=10**12, seed=first_id % 2**31, attack_every=200)
     streams = [
         (cfg.landing, cfg.kafka_transactions_topic, transactions.transactions(), rate, "eventTime"),

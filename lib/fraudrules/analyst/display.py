@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from fraudrules.engine.messages import iso_time, key_label, money, number, rule_text
-from fraudrules.rules.model import COUNT_FIELDS, Rule, parse_rule
+from fraudrules.rules.model import COUNT_FIELDS, Rule, stored_rule
 
 # Integer columns holding epoch milliseconds (bronze eventTime is one).
 EPOCH_MS = frozenset(
@@ -137,7 +137,7 @@ def rules_table(rules: Any) -> pd.DataFrame:
             "ruleId": int(r["ruleId"]),
             "version": int(r["version"]),
             "state": r["ruleState"],
-            "rule": rule_text(parse_rule(json.loads(r["ruleJson"]))),
+            "rule": rule_text(stored_rule(json.loads(r["ruleJson"]))),
         }
         for _, r in pdf.sort_values("ruleId").iterrows()
     ]

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules import backtest, config, tables
+from fraudrules import backtest, config, event_schema, tables
 from fraudrules.analyst import display, shadow, views
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
 from fraudrules.engine import job
 from fraudrules.engine.messages import rule_text
-from fraudrules.generator import Workload, sample_rules_path, write_jsonl
+from fraudrules.generator import RichWorkload, Workload, is_rich, sample_rules_path, write_jsonl
 from fraudrules.rules import store
-from fraudrules.rules.model import Rule, load_rules_file, parse_rule
+from fraudrules.rules.model import Rule, load_rules_file, parse_rule, stored_rule
 from fraudrules.session import dbutils, kafka_secret_options, on_databricks
 
 if TYPE_CHECKING:
@@ -76,15 +76,17 @@ def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[s
       transactions (plus a few invalid records, which the ingest quarantines).
     """
     created = tables.ensure(spark, cfg)
+    schema = event_schema.for_job(cfg)
     current = store.current(spark, cfg)
     loaded = 0
-    rules_file = _opt(p, "rules_file") or (sample_rules_path() if flag(p.get("generate", "false")) else None)
+    rules_file = _opt(p, "rules_file") or (sample_rules_path(schema) if flag(p.get("generate", "false")) else None)
     if not current and rules_file:
-        rows = store.upsert(spark, cfg, load_rules_file(rules_file), author="notebook")
+        rows = store.upsert(spark, cfg, load_rules_file(rules_file, schema), author="notebook")
         current, loaded = {r["ruleId"]: r for r in rows}, len(rows)
     generated = 0
     if flag(p.get("generate", "false")) and cfg.source == "files" and not _has_files(cfg.landing):
-        generated = generate_workload(cfg.landing, int(p.get("transactions", "3000")), int(p.get("seed", "7")))
+        count, seed = int(p.get("transactions", "3000")), int(p.get("seed", "7"))
+        generated = generate_workload(cfg.landing, count, seed, rich=is_rich(schema))
     active = sum(1 for r in current.values() if r["ruleState"] == "ACTIVE")
     return {"tables_created": len(created), "rules_loaded": loaded, "active_rules": active, "generated": generated}
 
@@ -93,13 +95,15 @@ def _has_files(folder: str) -> bool:
     return os.path.isdir(folder) and any(not n.startswith((".", "_")) for n in os.listdir(folder))
 
 
-def generate_workload(folder: str, count: int, seed: int = 7, per_file: int = 500, invalid: bool = True) -> int:
-    """A small reproducible workload stamped with ingestionTimestamp.
+def generate_workload(
+    folder: str, count: int, seed: int = 7, per_file: int = 500, invalid: bool = True, rich: bool = False
+) -> int:
+    """A small reproducible workload stamped with ingestionTimestamp (`rich`: of the rich schema).
 
     Five transactions a second of event time (3,000 span ten minutes) and a burst every 250.
     """
     now = int(time.time() * 1000)
-    workload = Workload(count=count, seed=seed, burst_every=250, events_per_second=5.0)
+    workload = (RichWorkload if rich else Workload)(count=count, seed=seed, burst_every=250, events_per_second=5.0)
     txs = ({**tx, "ingestionTimestamp": now} for tx in workload.transactions())
     n = write_jsonl(folder, txs, per_file=per_file)
     if invalid:
@@ -171,7 +175,12 @@ def scratch_config(cfg: JobConfig, folder: str) -> JobConfig:
 def live_rule(spark: SparkSession, cfg: JobConfig, rule_id: int) -> Rule | None:
     """The rule as the rules table holds it now (None if there is no such rule)."""
     row = store.current(spark, cfg).get(int(rule_id))
-    return None if row is None else parse_rule(json.loads(row["ruleJson"]))
+    return None if row is None else stored_rule(json.loads(row["ruleJson"]), event_schema.for_job(cfg))
+
+
+def candidate_rule(cfg: JobConfig, text: str) -> Rule:
+    """A rule an analyst wrote (JSON), validated against the job's event schema (RuleError naming every problem)."""
+    return parse_rule(json.loads(text), event_schema.for_job(cfg))
 
 
 @dataclass
@@ -258,7 +267,8 @@ def more_traffic(spark: SparkSession, cfg: JobConfig, count: int) -> int:
     """`count` generated transactions after the newest in bronze (event time and id), into the landing folder."""
     top = tables.read(spark, cfg, "transactions").agg(F.max("eventTime"), F.max("transactionId")).first()
     start, first_id = (int(top[0]) + 1, int(top[1]) + 1) if top and top[0] is not None else (None, 1)
-    workload = Workload(count=count, seed=first_id, burst_every=250, events_per_second=5.0, first_id=first_id)
+    kind = RichWorkload if is_rich(event_schema.for_job(cfg)) else Workload
+    workload = kind(count=count, seed=first_id, burst_every=250, events_per_second=5.0, first_id=first_id)
     if start is not None:
         workload = replace(workload, start_ms=start)
     now = int(time.time() * 1000)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, JobConfig
 from fraudrules.engine import keying
 from fraudrules.engine.inputs import numeric
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.rules import store
-from fraudrules.rules.model import NUMERIC_FIELDS, Rule, parse_rule
+from fraudrules.rules.model import NULL_OPS, AnyOf, Condition, Not, Rule, Term, stored_rule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,36 +84,59 @@ def rule_version(rule_history: DataFrame, rule_id: int, version: int) -> Rule | 
         .select("ruleJson")
         .first()
     )
-    return None if row is None else parse_rule(json.loads(row.ruleJson))
+    return None if row is None else stored_rule(json.loads(row.ruleJson))
 
 
 def window_transactions(transactions: DataFrame, alert: Mapping[str, Any], rule: Rule | None = None) -> DataFrame:
     """Drill-down: the transactions of the alert's window.
 
-    The bronze transactions with the alert's key (the same values of the rule's grouping fields)
-    and eventTime in [T − W, T], T the alerting transaction's eventTime and W the rule's window;
-    with `rule`, also only those passing its filter. Ordered by eventTime.
+    The bronze transactions with the alert's key (the same values of the rule's grouping fields, nested ones by
+    their dotted path) and eventTime in [T − W, T], T the alerting transaction's eventTime and W the rule's window;
+    with `rule`, also only those passing its filter (SQL's own three-valued logic: the engine's). Ordered by
+    eventTime; the rule's fields are also columns named by their path.
     """
     end = int(alert["eventTimeMs"])
     start = end - int(alert["windowMinutes"]) * 60_000
     cond = F.col("eventTime").between(start, end)
     for name, value in json.loads(alert["key"]).items():
-        field = F.col("fields")[name]
+        field = _text(F.col(name))
         cond &= field.isNull() if value is None else (field == F.lit(str(value)))
+    paths: list[str] = []
     if rule is not None:
-        for c in rule.filter:
-            cond &= _condition(c.field, c.op, c.values)
-    return transactions.where(cond).orderBy("eventTime", "srcName", "srcPos")
+        for term in rule.filter:
+            cond &= term_column(term)
+        paths = sorted(rule.fields() - set(transactions.columns))
+    window = transactions.where(cond).orderBy("eventTime", "srcName", "srcPos")
+    return window.select("*", *(F.col(p).alias(p) for p in paths))
 
 
-def _condition(field: str, op: str, values: Sequence[str]) -> Column:
-    numeric = field in NUMERIC_FIELDS or op in ("GT", "GE", "LT", "LE")
-    col = F.col("fields")[field]
-    if numeric:
-        col = col.try_cast("decimal(38,10)")
-        lits = [F.lit(v).try_cast("decimal(38,10)") for v in values]
-    else:
-        lits = [F.lit(v) for v in values]
+def _text(col: Column) -> Column:
+    """A typed bronze value as keys show it (decimals at their scale, booleans as true/false)."""
+    return col.cast("string")
+
+
+def term_column(term: Term) -> Column:
+    """A filter term over bronze's typed columns: SQL's comparisons, NOT and OR are the three-valued logic the
+    engine evaluates (a filter passes where it is TRUE)."""
+    if isinstance(term, Not):
+        return ~term_column(term.term)
+    if isinstance(term, AnyOf):
+        out = term_column(term.terms[0])
+        for t in term.terms[1:]:
+            out = out | term_column(t)
+        return out
+    return _comparison(term)
+
+
+def _comparison(c: Condition) -> Column:
+    col = F.col(c.field)
+    if c.op in NULL_OPS:
+        return col.isNull() if c.op == "IS_NULL" else col.isNotNull()
+    if c.scale is not None:  # numbers compare as exact decimals
+        col = col.cast("decimal(38,18)")
+        lits = [F.lit(v).try_cast("decimal(38,18)") for v in c.values]
+    else:  # text (booleans as true/false)
+        col, lits = _text(col), [F.lit(v) for v in c.values]
     ops = {
         "EQ": lambda: col == lits[0],
         "NE": lambda: col != lits[0],
@@ -124,7 +147,7 @@ def _condition(field: str, op: str, values: Sequence[str]) -> Column:
         "IN": lambda: col.isin(*lits),
         "NOT_IN": lambda: ~col.isin(*lits),
     }
-    return F.coalesce(ops[op](), F.lit(False))
+    return ops[c.op]()
 
 
 def quarantine_reasons(quarantine: DataFrame) -> DataFrame:
@@ -145,16 +168,17 @@ PREVIEW_SCHEMA = "ruleId int, ruleVersion long, transactionId long, eventTime lo
 def key_preview(spark: SparkSession, cfg: JobConfig, bronze: DataFrame) -> DataFrame:
     """Batch preview: how the rules in force key these bronze transactions, and to which shards, by the very
     code the stateful stage runs (`engine.keying`)."""
-    rules = RuleSet()
+    schema = event_schema.for_job(cfg)
+    rules = RuleSet(schema=schema)
     rules.apply(store.current(spark, cfg).values())
     active = [(r, rules.sig(r.rule_id)) for r in rules.active("WINDOW")]
     shards = cfg.shards
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            yield keying.fan_out(keying.Transactions.of(frame), active, shards)
+            yield keying.fan_out(keying.Transactions.of(frame, schema), active, shards)
 
-    rows = numeric(bronze.withColumn("srcTime", F.unix_millis("ingestedAt")))
+    rows = numeric(bronze.withColumn("srcTime", F.unix_millis("ingestedAt")), schema)
     return rows.mapInPandas(fan_out, PREVIEW_SCHEMA)
 
 
