@@ -58,23 +58,38 @@ def hash64(parts: list[np.ndarray], seed: int) -> np.ndarray:
 
 def string_hashes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Two independent 64-bit hashes of each string (siphash under two keys; the same in every process)."""
-    h1, h2 = (pd.util.hash_array(values, hash_key=k, categorize=True).view(np.int64) for k in _STRING_KEYS)
+    h1, h2 = (pd.util.hash_array(values, hash_key=k, categorize=False).view(np.int64) for k in _STRING_KEYS)
     return h1, h2
+
+
+@dataclass(frozen=True)
+class Text:
+    """A text field of the batch, factorized once: `codes` (-1 where null) into its distinct `values`. Hashes,
+    filters and key texts work on the few distinct values and take by code."""
+
+    codes: np.ndarray
+    values: np.ndarray  # object: the distinct strings
+
+    def per_row(self, per_value: np.ndarray, null: object) -> np.ndarray:
+        """A value computed per distinct string, for every row (`null` where the field is null)."""
+        return np.append(per_value, np.array([null], dtype=per_value.dtype))[self.codes]
 
 
 @dataclass(frozen=True)
 class Transactions:
     """A micro-batch's transactions as the engine's input columns, in evaluation order (eventTime, then source
-    order), read by event field path; per-field arrays are computed once per batch."""
+    order: row i is `frame` row `order[i]`), read by event field path; per-field arrays are computed once per
+    batch, text fields factorized once (`Text`)."""
 
     frame: pd.DataFrame
     schema: EventSchema = DEFAULT
+    order: np.ndarray | None = None
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(frame: pd.DataFrame, schema: EventSchema = DEFAULT) -> Transactions:
-        ordered = frame.sort_values(["eventTime", "srcTime", "srcId", "srcPos"], kind="stable")
-        return Transactions(ordered.reset_index(drop=True), schema)
+        keys = [frame[c].to_numpy(np.int64) for c in ("srcPos", "srcId", "srcTime", "eventTime")]
+        return Transactions(frame, schema, np.lexsort(keys))  # a stable sort: ties keep their input order
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -88,14 +103,23 @@ class Transactions:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def _ordered(self, values: np.ndarray) -> np.ndarray:
+        return values if self.order is None else values[self.order]
+
     def column(self, name: str) -> np.ndarray:
         """A field carried as integers (or an input column such as srcTime), as int64."""
         declared = self.schema.field(name)
-        return self.frame[declared.column if declared else name].to_numpy(np.int64)
+        column = declared.column if declared else name
+        return self._memoised("column", column, lambda: self._ordered(self.frame[column].to_numpy(np.int64)))
 
-    def strings(self, name: str) -> np.ndarray:
-        """A text field's values (None where null)."""
-        return self.frame[self._field(name).column].to_numpy(object)
+    def text(self, name: str) -> Text:
+        """A text field, factorized."""
+
+        def factorize() -> Text:
+            codes, values = pd.factorize(self.frame[self._field(name).column].to_numpy(object))
+            return Text(self._ordered(codes.astype(np.int64)), np.asarray(values, dtype=object))
+
+        return self._memoised("text", name, factorize)
 
     def present(self, name: str) -> np.ndarray:
         """Rows where the field has a value."""
@@ -107,8 +131,8 @@ class Transactions:
         if not f.nullable:
             return np.ones(len(self), dtype=bool)
         if not f.coded:
-            return ~pd.isna(self.strings(f.path))
-        mask = self.frame[f"_nulls{f.null_bit // MASK_BITS}"].to_numpy(np.int64)
+            return self.text(f.path).codes >= 0
+        mask = self.column(f"_nulls{f.null_bit // MASK_BITS}")
         return (mask >> np.int64(f.null_bit % MASK_BITS)) & 1 == 0
 
     def parts(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -117,13 +141,20 @@ class Transactions:
         if self._field(name).coded:
             x = self.column(name)
             return x, x
-        return self._memoised("hashes", name, lambda: string_hashes(self.strings(name)))
+
+        def hashes() -> tuple[np.ndarray, np.ndarray]:
+            text = self.text(name)
+            h1, h2 = string_hashes(text.values)
+            return text.per_row(h1, 0), text.per_row(h2, 0)
+
+        return self._memoised("hashes", name, hashes)
 
     def texts(self, name: str, rows: np.ndarray) -> list[str]:
         """A field's values at `rows` as keys show them: numbers at their scale, strings as they are."""
         f = self._field(name)
         if not f.coded:
-            return [str(v) for v in self.strings(name)[rows]]
+            text = self.text(name)
+            return [str(v) for v in text.per_row(text.values, None)[rows]]
         values = self.column(name)[rows]
         if f.values:
             return [f.values[v] if 0 <= v < len(f.values) else "?" for v in values.tolist()]
@@ -159,7 +190,8 @@ def _hit(tx: Transactions, c: Condition) -> np.ndarray:
     """Rows where `field op value(s)` holds, as if every value were present (nulls are masked by the caller)."""
     f = tx.schema.fields[c.field]
     if not f.coded:
-        hit = pd.Series(tx.strings(c.field), copy=False).isin(c.values).to_numpy()
+        text = tx.text(c.field)
+        hit = text.per_row(pd.Series(text.values, dtype=object).isin(c.values).to_numpy(), False)
     elif f.values:  # strings carried as their position among the declared values
         hit = np.isin(tx.column(c.field), [f.values.index(v) for v in c.values if v in f.values])
     elif f.kind == "boolean":

@@ -111,7 +111,7 @@ def entries(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) ->
     wanted = tables.read(spark, cfg, "transactions").where(F.col("transactionId").isin(*set(ev["tx"].tolist())))
     # the transactions as the engine read them (its own columns), so that keys read as the engine writes them
     frame = numeric(wanted.withColumn("srcTime", F.lit(0)), schema).toPandas().drop_duplicates("transactionId")
-    tx = keying.Transactions(frame.reset_index(drop=True), schema)
+    tx = keying.Transactions(frame.reset_index(drop=True), schema)  # in the frame's order
     row_of = {int(t): i for i, t in enumerate(tx.column("transactionId"))}
     keys = []
     for rule_id, txid in zip(ev["rule"], ev["tx"], strict=True):
