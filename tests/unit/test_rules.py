@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
+from fraudrules import event_schema
+from fraudrules.rules.model import AnyOf, Condition, Not, RuleError, parse_rule, parse_rules_text, stored_rule, validate
 
 BASE = {
     "ruleId": 7,
@@ -75,3 +76,91 @@ def test_control_commands_and_filters_parse():
         }
     )
     assert [c.op for c in rule.filter] == ["IN", "GE"] and rule.unique == ("beneficiaryId",)
+
+
+RICH = event_schema.builtin("rich")
+DEVICE_RULE = {  # "more than 40 payments from one device in 2 minutes on web or app"
+    "ruleId": 11,
+    "ruleState": "ACTIVE",
+    "groupingKeyNames": ["deviceId"],
+    "aggregateFieldName": "COUNT_FLINK",
+    "aggregatorFunctionType": "SUM",
+    "limitOperatorType": "GREATER",
+    "limit": 40,
+    "windowMinutes": 2,
+    "filter": [{"field": "channel", "op": "IN", "values": ["web", "app"]}],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"groupingKeyNames": ["merchant.contry"]},
+            "rule 11: groupingKeyNames: 'merchant.contry' is not in the event schema (closest: merchant.country,",
+        ),
+        (
+            {"aggregateFieldName": "merchant.country"},
+            "rule 11: aggregateFieldName 'merchant.country' is non-numeric (STRING): aggregate an integer or decimal "
+            "field, or count with COUNT_FLINK",
+        ),
+        (
+            {"filter": [{"field": "merchant.country", "op": "GT", "value": "FR"}]},
+            "rule 11: filter: GT on 'merchant.country' needs a numeric field, merchant.country is STRING",
+        ),
+        (
+            {"filter": [{"not": {"field": "basket.items", "op": "EQ", "value": "ten"}}]},
+            "rule 11: filter: EQ on 'basket.items': 'ten' is not a number (basket.items is INT)",
+        ),
+        (
+            {"unique": ["card"]},
+            "rule 11: unique: 'card' is not in the event schema (closest: card.bin)",
+        ),
+        ({"filter": [{"any": []}]}, "rule 11: filter: any needs a non-empty list of terms"),
+        ({"filter": [{"field": "channel", "any": []}]}, "must be an object with one of field, any, not"),
+        ({"filter": [{"field": "channel", "op": "EQ"}]}, "filter: EQ on 'channel' needs a 'value'"),
+    ],
+)
+def test_a_rule_is_checked_against_the_event_schema(change, message):
+    with pytest.raises(RuleError) as err:
+        parse_rule({**DEVICE_RULE, **change}, RICH)
+    assert message in str(err.value)
+
+
+def test_filters_nest_and_round_trip_with_their_resolved_types():
+    rule = parse_rule(
+        {
+            **DEVICE_RULE,
+            "aggregateFieldName": "paymentAmount",
+            "filter": [
+                {"any": [{"field": "merchant.category", "op": "EQ", "value": "gambling"}]},
+                {"not": {"field": "paymentAmount", "op": "LT", "value": 500}},
+                {"field": "deviceId", "op": "NOT_NULL"},
+            ],
+        },
+        RICH,
+    )
+    gambling, amount, device = rule.filter
+    assert isinstance(gambling, AnyOf) and isinstance(amount, Not) and device == Condition("deviceId", "NOT_NULL", ())
+    assert (rule.scale, amount.term.scale, gambling.terms[0].scale) == (2, 2, None)
+    assert rule.fields() == {"deviceId", "paymentAmount", "merchant.category"}
+    assert parse_rule(rule.to_json(), RICH) == rule
+    assert rule.to_json()["filter"][2] == {"field": "deviceId", "op": "NOT_NULL"}
+
+
+def test_a_stored_rule_reads_back_without_its_fields_and_is_checked_when_evaluated():
+    rule = parse_rule(DEVICE_RULE, RICH)
+    with pytest.raises(RuleError, match="'deviceId' is not in the event schema"):
+        parse_rule(DEVICE_RULE)  # the default schema has no device
+    assert stored_rule(rule.to_json()) == rule  # display, history: read back as stored
+    with pytest.raises(RuleError):
+        validate(rule, event_schema.DEFAULT)
+
+
+def test_each_rule_of_a_file_is_checked_against_the_schema_given():
+    text = json.dumps([DEVICE_RULE, {**DEVICE_RULE, "ruleId": 12, "groupingKeyNames": ["device"]}])
+    rules, errors = parse_rules_text(text, RICH)
+    assert [r.rule_id for r in rules] == [11]
+    assert [(e.rule_id, e.problems) for e in errors] == [
+        (12, ["groupingKeyNames: 'device' is not in the event schema (closest: deviceId)"])
+    ]
