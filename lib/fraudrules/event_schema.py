@@ -376,10 +376,14 @@ def builtin(name: str) -> EventSchema:
     return _builtin(name)
 
 
+def builtin_path(name: str) -> str:
+    """The file of a schema shipped with the package (for `--event-schema`)."""
+    return str(resources.files("fraudrules").joinpath("schemas", f"{name}.ddl"))
+
+
 @cache
 def _builtin(name: str) -> EventSchema:
-    text = resources.files("fraudrules").joinpath("schemas", f"{name}.ddl").read_text(encoding="utf-8")
-    return parse(text)
+    return load(builtin_path(name))
 
 
 def load(path: str) -> EventSchema:

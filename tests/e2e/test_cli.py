@@ -136,7 +136,7 @@ def test_rules_commands_as_written(tmp_path):
     res = fraudrules("rules", "put", "-", stdin=json.dumps(invalid), cwd=tmp_path)
     assert res.returncode == 2
     assert "invalid rule 9" in res.stderr and "windowMinutes must be > 0" in res.stderr
-    assert "aggregateFieldName 'colour' is unknown" in res.stderr
+    assert "aggregateFieldName: 'colour' is not in the event schema" in res.stderr
     res = fraudrules("rules", "put", "-", stdin="{oops", cwd=tmp_path)
     assert res.returncode == 2 and "malformed JSON" in res.stderr
 

@@ -18,7 +18,14 @@ class FileStream:
     """A running job whose landing folder the test fills one file (= one micro-batch) at a time."""
 
     def __init__(
-        self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4, logins: bool = False
+        self,
+        spark,
+        data_dir: str,
+        rules: list[Rule],
+        lateness_ms: int = 60_000,
+        shards: int = 4,
+        logins: bool = False,
+        event_schema: str | None = None,
     ):
         self.spark = spark
         # every file waits for the background queries' next trigger: 0.5 s apart here, not the job's 5 s
@@ -28,6 +35,7 @@ class FileStream:
             lateness_ms=lateness_ms,
             logins=logins,
             background_trigger_seconds=0.5,
+            event_schema=event_schema,
         )
         os.makedirs(self.cfg.landing, exist_ok=True)
         os.makedirs(self.cfg.logins_landing, exist_ok=True)

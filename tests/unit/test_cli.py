@@ -160,3 +160,58 @@ def test_generate_writes_the_workload(tmp_path, capsys):
     assert code == 0 and out.strip() == f"wrote 120 transactions to {tmp_path / 'w'} (3 files)"
     lines = [json.loads(x) for f in sorted((tmp_path / "w").iterdir()) for x in f.read_text().splitlines()]
     assert [t["transactionId"] for t in lines] == list(range(1, 121))
+
+
+RICH_SCHEMA = "lib/fraudrules/schemas/rich.ddl"
+
+
+def test_a_backtest_with_an_invalid_rule_exits_2_naming_each_before_spark_starts(tmp_path, capsys, monkeypatch):
+    import fraudrules.session
+
+    monkeypatch.setattr(fraudrules.session, "get_spark", lambda *a, **k: pytest.fail("Spark started"))
+    base = {
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["deviceId"],
+        "aggregateFieldName": "COUNT_FLINK",
+        "aggregatorFunctionType": "SUM",
+        "limitOperatorType": "GREATER",
+        "limit": 40,
+        "windowMinutes": 2,
+    }
+    rules = [
+        {**base, "ruleId": 1},
+        {**base, "ruleId": 2, "groupingKeyNames": ["merchant.contry"]},
+        {**base, "ruleId": 3, "aggregateFieldName": "card.bin"},
+        {**base, "ruleId": 4, "filter": [{"field": "channel", "op": "GE", "value": "web"}]},
+        {**base, "ruleId": 5, "filter": [{"any": [{"field": "basket.items", "op": "IN", "values": [1, "lots"]}]}]},
+    ]
+    (tmp_path / "rules.json").write_text(json.dumps(rules))
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    argv = ["backtest", "--transactions", str(tmp_path / "t.jsonl"), "--rules", str(tmp_path / "rules.json")]
+    code, out, err = run_main(capsys, *argv, "--out", str(tmp_path / "a.jsonl"), "--event-schema", RICH_SCHEMA)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "invalid rule 2: groupingKeyNames: 'merchant.contry' is not in the event schema (closest: merchant.country, "
+        "merchant.category, merchant.id)",
+        "invalid rule 3: aggregateFieldName 'card.bin' is non-numeric (STRING): aggregate an integer or decimal "
+        "field, or count with COUNT_FLINK",
+        "invalid rule 4: filter: GE on 'channel' needs a numeric field, channel is STRING",
+        "invalid rule 5: filter: IN on 'basket.items': 'lots' is not a number (basket.items is INT)",
+        f"fraudrules backtest: --rules {tmp_path}/rules.json: 4 invalid rules",
+    ]
+    code, _, err = run_main(capsys, *argv[:5], "--out", str(tmp_path / "a.jsonl"))  # the default schema: no device
+    assert code == 2 and "invalid rule 1: groupingKeyNames: 'deviceId' is not in the event schema" in err
+    code, _, err = run_main(capsys, *argv, "--out", str(tmp_path / "a.jsonl"), "--event-schema", "nope.ddl")
+    one_line_error(code, err, "--event-schema nope.ddl: no such file")
+    (tmp_path / "bad.ddl").write_text("transactionId BIGINT, eventTime BIGINT, price DOUBLE")
+    code, _, err = run_main(
+        capsys, *argv, "--out", str(tmp_path / "a.jsonl"), "--event-schema", str(tmp_path / "bad.ddl")
+    )
+    one_line_error(code, err, "bad.ddl: price: type DOUBLE is not supported")
+
+
+def test_generate_writes_the_rich_schemas_events(tmp_path, capsys):
+    code, out, _ = run_main(capsys, "generate", "--schema", "rich", "--out", str(tmp_path), "--count", "10")
+    assert code == 0 and out.startswith("wrote 10 transactions")
+    record = json.loads((tmp_path / "part-000000.json").read_text().splitlines()[0])
+    assert {"channel", "merchant"} <= set(record) and set(record["merchant"]) >= {"id", "country"}
