@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fraudrules.engine import ingest
 from fraudrules.ops.delta_log import read_newest
 from tests.support.airflow_support import JOB_PYTHON, REPO, alerts, dag_test, last_json, needs_airflow
 from tests.support.real_tables import job_env
@@ -37,16 +38,11 @@ SUITES = {
 
 
 def test_quarantine_suite_knows_every_reason(backtest_data):
-    """The suite's transaction reasons are exactly what ingest.parse() produces (the backtest hit every one)."""
+    """The reasons the quarantine suite accepts (`ingest.reasons`, for the default schema) are exactly what
+    ingest.parse() produces: the backtest hit every one."""
     quarantine = read_newest(backtest_data / "tables" / "quarantine", ["kind", "reason"], max_files=1000)
     assert set(quarantine["kind"]) == {"transaction"}
-    suite = json.loads((REPO / "expectations" / "suites" / "quarantine.json").read_text())
-    (pairs,) = [
-        e["kwargs"]["value_pairs_set"]
-        for e in suite["expectations"]
-        if e["type"] == "expect_column_pair_values_to_be_in_set"
-    ]
-    assert set(quarantine["reason"]) == {reason for kind, reason in pairs if kind == "transaction"}
+    assert set(quarantine["reason"]) == set(ingest.reasons())
 
 
 def _page_text(path: Path) -> str:
@@ -124,8 +120,8 @@ def test_quality_dag_fails_naming_each_broken_expectation(backtest_data, tmp_pat
         "logins: expect_compound_columns_to_be_unique(srcName, srcPos)",
         "logins: expect_compound_columns_to_be_unique(userId, eventType, ipAddress, eventTimestamp)",
         "logins: expect_column_values_to_match_regex(ipAddress)",
-        "quarantine: expect_column_values_to_be_in_set(reason)",
-        "quarantine: expect_column_pair_values_to_be_in_set(kind, reason)",
+        "transactions: unexpected_rows_expectation(declared_schema)",
+        "quarantine: unexpected_rows_expectation(known_reason)",
         "rules: unexpected_rows_expectation(newest_version)",
         "alerts: unexpected_rows_expectation(satisfies_rule)",
         "shadow_alerts: unexpected_rows_expectation(satisfies_rule)",

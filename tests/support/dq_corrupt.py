@@ -5,7 +5,8 @@ python):
 
 - alerts: one alert's aggregate moved to the wrong side of its limit;
 - shadow_alerts: the same for one shadow alert;
-- transactions: one bronze row appended again (duplicate transactionId);
+- transactions: one bronze row appended again (duplicate transactionId) with a payment type the event schema does
+  not declare;
 - logins: one row appended again (the same record twice) and one with an IP address that is none;
 - quarantine: one reason no parser gives;
 - late_events: a "late" event that is not behind its watermark;
@@ -66,7 +67,7 @@ def corrupt(src: str, dst: str) -> dict:
         wrong_side("shadow_alerts")
         duplicate = tables.read(spark, cfg, "transactions").orderBy("transactionId").limit(1)
         tx_id = duplicate.first().transactionId
-        tables.append(duplicate, cfg, "transactions")
+        tables.append(duplicate.withColumn("paymentType", F.lit("BTC")), cfg, "transactions")
 
         login = tables.read(spark, cfg, "logins").orderBy("srcPos").limit(1)
         bad_ip = login.withColumn("ipAddress", F.lit("999.1.2.3")).withColumn("srcPos", F.lit(10**9).cast("long"))

@@ -96,29 +96,36 @@ def _typed(node: Node, record: _Record) -> Column:
     return F.when(record.is_object(node), F.struct(*fields))
 
 
-def _type_checks(node: Node, record: _Record) -> list[tuple[Column, str]]:
-    """What makes a present value of this field not fit its declared type."""
-    text, leaf, path = record.text[node.path], node.leaf, node.path
+def _type_conditions(node: Node, record: _Record) -> list[Column]:
+    """What makes a present value of this field not fit its declared type (reasons: `_type_reasons`)."""
+    text, leaf = record.text[node.path], node.leaf
     if leaf is None:
-        return [(text.isNotNull() & ~record.is_object(node), f"{path} is not an object")]
+        return [text.isNotNull() & ~record.is_object(node)]
     read = F.col(_cast_column(leaf))
     if leaf.kind == "integer":
-        checks = [(text.isNotNull() & read.isNull(), f"{path} is not an integer")]
-        if leaf.bits < 64:
-            bound = 2 ** (leaf.bits - 1)
-            checks.append(((read < -bound) | (read >= bound), f"{path} out of range ({leaf.sql})"))
-        return checks
+        bound = 2 ** (leaf.bits - 1)
+        out_of_range = [(read < -bound) | (read >= bound)] if leaf.bits < 64 else []
+        return [text.isNotNull() & read.isNull(), *out_of_range]
     if leaf.kind == "decimal":
-        return [
-            (text.isNotNull() & read.isNull(), f"{path} is not a number"),
-            (read != F.round(read, leaf.scale), f"{path} has more than {leaf.scale} decimal places"),
-            (F.abs(read) >= F.lit(leaf.limit), f"{path} out of range"),
-        ]
+        return [text.isNotNull() & read.isNull(), read != F.round(read, leaf.scale), F.abs(read) >= F.lit(leaf.limit)]
     if leaf.kind == "boolean":
-        return [(text.isNotNull() & read.isNull(), f"{path} is not a boolean")]
+        return [text.isNotNull() & read.isNull()]
+    return [~text.isin(*leaf.values)] if leaf.values else []
+
+
+def _type_reasons(node: Node) -> list[str]:
+    leaf, path = node.leaf, node.path
+    if leaf is None:
+        return [f"{path} is not an object"]
+    if leaf.kind == "integer":
+        return [f"{path} is not an integer", *([f"{path} out of range ({leaf.sql})"] if leaf.bits < 64 else [])]
+    if leaf.kind == "decimal":
+        return [f"{path} is not a number", f"{path} has more than {leaf.scale} decimal places", f"{path} out of range"]
+    if leaf.kind == "boolean":
+        return [f"{path} is not a boolean"]
     if leaf.values:
         expected = " or ".join([", ".join(leaf.values[:-1]), leaf.values[-1]] if len(leaf.values) > 1 else leaf.values)
-        return [(~text.isin(*leaf.values), f"unknown {path} (expected {expected})")]
+        return [f"unknown {path} (expected {expected})"]
     return []
 
 
@@ -126,13 +133,27 @@ def _required(node: Node) -> bool:
     return node.not_null or node.path in (ID, TIME)
 
 
+NOT_OBJECT = "malformed JSON: not a JSON object"
+EVENT_TIME_RANGE = "eventTime out of range"
+
+
+def reasons(schema: EventSchema = DEFAULT) -> list[str]:
+    """Every reason `parse` can give a record of this schema, in the order it checks them: not an object; a
+    required field missing (NOT NULL, transactionId, eventTime); a required field's type; eventTime's range; an
+    optional field's type (in declaration order within each)."""
+    nodes = list(schema.nodes())
+    missing = [f"missing {n.path}" for n in nodes if _required(n)]
+    required = [r for n in nodes if _required(n) for r in _type_reasons(n)]
+    optional = [r for n in nodes if not _required(n) for r in _type_reasons(n)]
+    return [NOT_OBJECT, *missing, *required, EVENT_TIME_RANGE, *optional]
+
+
 def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
-    """Typed transactions of the declared schema plus `error` (null when the record is valid).
+    """Typed transactions of the declared schema plus `error` (null when the record is valid): the first of
+    `reasons` that applies.
 
     Every field is read as text first (JSON numbers and numeric strings are both accepted), then cast; `fields`
-    keeps the text of every top-level field. The raw record keeps any extra fields. The first failing check
-    names the record's reason: not an object; a required field missing (NOT NULL, transactionId, eventTime);
-    a required field's type; eventTime's range; an optional field's type (in declaration order within each).
+    keeps the text of every top-level field. The raw record keeps any extra fields.
     """
     record = _Record(schema)
     df = record.parse(raw)
@@ -141,18 +162,34 @@ def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
     names = [x for r in schema.roots for x in (F.lit(r.name), record.text[r.path])]
     df = df.select(*RAW_COLUMNS, *helpers, F.create_map(*names).alias("fields"), *read)
     nodes = list(schema.nodes())
-    checks: list[tuple[Column, str]] = [(_not_object(F.col("j")), "malformed JSON: not a JSON object")]
-    checks += [(record.within(n) & record.text[n.path].isNull(), f"missing {n.path}") for n in nodes if _required(n)]
-    checks += [c for n in nodes if _required(n) for c in _type_checks(n, record)]
     event_time = F.col(_cast_column(schema.fields[TIME]))
-    checks.append(((event_time < 0) | (event_time > MAX_EVENT_TIME_MS), "eventTime out of range"))
-    checks += [c for n in nodes if not _required(n) for c in _type_checks(n, record)]
+    conditions = [
+        _not_object(F.col("j")),
+        *(record.within(n) & record.text[n.path].isNull() for n in nodes if _required(n)),
+        *(c for n in nodes if _required(n) for c in _type_conditions(n, record)),
+        (event_time < 0) | (event_time > MAX_EVENT_TIME_MS),
+        *(c for n in nodes if not _required(n) for c in _type_conditions(n, record)),
+    ]
     typed = [_typed(r, record).alias(r.name) for r in schema.roots]
-    return df.select(*RAW_COLUMNS, "fields", *typed, _reason(checks).alias("error"))
+    error = _reason(list(zip(conditions, reasons(schema), strict=True)))
+    return df.select(*RAW_COLUMNS, "fields", *typed, error.alias("error"))
 
 
 LOGIN_SCHEMA = "userId string, eventType string, ipAddress string, eventTimestamp string, ingestionTimestamp string"
 EVENT_TYPES = ("FAIL", "SUCCESS")
+LOGIN_REASONS = (  # what `parse_logins` checks, in order
+    NOT_OBJECT,
+    "missing userId",
+    "missing eventType",
+    "missing ipAddress",
+    "missing eventTimestamp",
+    "userId is not an integer",
+    "eventTimestamp is not an integer",
+    "unknown eventType (expected FAIL or SUCCESS)",
+    "empty ipAddress",
+    "eventTimestamp out of range",
+    "ingestionTimestamp is not an integer",
+)
 
 
 def _reason(checks: list[tuple[Column, str]]) -> Column:
@@ -176,20 +213,17 @@ def parse_logins(raw: DataFrame) -> DataFrame:
         _long("ingestionTimestamp").alias("ingestionTimestamp"),
     )
     j = F.col("j")
-    checks = [(_not_object(j), "malformed JSON: not a JSON object")]
-    checks += [(j[n].isNull(), f"missing {n}") for n in ("userId", "eventType", "ipAddress", "eventTimestamp")]
-    checks += [
-        (F.col("userId").isNull(), "userId is not an integer"),
-        (F.col("eventTimestamp").isNull(), "eventTimestamp is not an integer"),
-        (~F.col("eventType").isin(*EVENT_TYPES), "unknown eventType (expected FAIL or SUCCESS)"),
-        (F.col("ipAddress") == "", "empty ipAddress"),
-        ((F.col("eventTimestamp") < 0) | (F.col("eventTimestamp") > MAX_EVENT_TIME_MS), "eventTimestamp out of range"),
-        (
-            j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
-            "ingestionTimestamp is not an integer",
-        ),
+    conditions = [
+        _not_object(j),
+        *(j[n].isNull() for n in ("userId", "eventType", "ipAddress", "eventTimestamp")),
+        F.col("userId").isNull(),
+        F.col("eventTimestamp").isNull(),
+        ~F.col("eventType").isin(*EVENT_TYPES),
+        F.col("ipAddress") == "",
+        (F.col("eventTimestamp") < 0) | (F.col("eventTimestamp") > MAX_EVENT_TIME_MS),
+        j["ingestionTimestamp"].isNotNull() & F.col("ingestionTimestamp").isNull(),
     ]
-    return typed.withColumn("error", _reason(checks)).drop("j")
+    return typed.withColumn("error", _reason(list(zip(conditions, LOGIN_REASONS, strict=True)))).drop("j")
 
 
 def _not_object(j: Column) -> Column:

@@ -32,8 +32,9 @@ from great_expectations.datasource.fluent.interfaces import Batch, DataAsset, Te
 from great_expectations.datasource.fluent.spark_datasource import _SparkDatasource
 from pyspark.sql import DataFrame, SparkSession
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JOB_TABLES, LOGINS_QUERY, JobConfig, config_from
+from fraudrules.engine import ingest
 from fraudrules.ops import state_reader
 
 SNAPSHOT = "snapshot"  # the one batch parameter: what this run reads (see `pin`)
@@ -74,7 +75,66 @@ def pin(spark: SparkSession, cfg: JobConfig) -> dict:
     pinned = {name: table_version(spark, cfg, name) for name in JOB_TABLES if tables.exists(spark, cfg, name)}
     for name, version in pinned.items():
         read_version(spark, cfg, name, version).createOrReplaceTempView(name)
+    declared_views(spark, cfg, "transactions" in pinned)
     return {"tables": pinned, "state": state}
+
+
+def declared_views(spark: SparkSession, cfg: JobConfig, bronze: bool) -> None:
+    """What the suites check that follows the job's declared event schema, as temp views:
+
+    - `quarantine_reasons` (kind, reason): every reason the parsers give (transactions: of this schema);
+    - `bronze_columns` (field, declaredType, bronzeType): each declared field and its bronze column's type;
+    - `bronze_violations`: bronze rows with a NOT NULL field null, a value outside the declared ones, or a
+      decimal beyond what the engine evaluates exactly.
+    """
+    schema = event_schema.for_job(cfg)
+    known = [("transaction", r) for r in ingest.reasons(schema)] + [("login", r) for r in ingest.LOGIN_REASONS]
+    spark.createDataFrame(known, "kind string, reason string").createOrReplaceTempView("quarantine_reasons")
+    if not bronze:
+        return
+    transactions = spark.table("transactions")
+    columns = [(f.path, f.spark_type, _type_at(transactions.schema, f.path)) for f in schema.fields.values()]
+    columns_ddl = "field string, declaredType string, bronzeType string"
+    spark.createDataFrame(columns, columns_ddl).createOrReplaceTempView("bronze_columns")
+    broken = [c for c in columns if c[1] != c[2]]  # only columns of the declared type can be checked by value
+    checks = [
+        _violation(f, node_present) for f, node_present in _leaves(schema) if f.path not in {c[0] for c in broken}
+    ]
+    condition = " OR ".join(c for c in checks if c) or "false"
+    transactions.where(condition).createOrReplaceTempView("bronze_violations")
+
+
+def _type_at(struct, path: str) -> str | None:
+    """The Spark type (simple string) of a dotted path in a schema, None where it is not there."""
+    for name in path.split("."):
+        if not hasattr(struct, "fieldNames") or name not in struct.fieldNames():
+            return None
+        struct = struct[name].dataType
+    return struct.simpleString()
+
+
+def _leaves(schema: event_schema.EventSchema):
+    """Each declared leaf with the SQL condition that its struct (if any) is there."""
+    for leaf in schema.fields.values():
+        parents = leaf.path.split(".")[:-1]
+        yield leaf, " AND ".join(f"{'.'.join(parents[: i + 1])} IS NOT NULL" for i in range(len(parents))) or "true"
+
+
+def _violation(leaf: event_schema.Field, present: str) -> str:
+    """SQL that is true where a bronze value breaks what the schema declares for it (empty: nothing to check)."""
+    col = ".".join(f"`{p}`" for p in leaf.path.split("."))
+    parts = []
+    if leaf.not_null or leaf.path in (event_schema.ID, event_schema.TIME):
+        parts.append(f"({present} AND {col} IS NULL)")
+    if leaf.values:
+        parts.append(f"{col} NOT IN ({', '.join(_quoted(v) for v in leaf.values)})")
+    if leaf.kind == "decimal":
+        parts.append(f"abs({col}) >= {leaf.limit}")
+    return " OR ".join(parts)
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def missing_table(spark: SparkSession | None, cfg: JobConfig, name: str) -> str | None:

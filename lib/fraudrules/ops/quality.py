@@ -26,7 +26,16 @@ from fraudrules.ops.report import QualityReport, missing, outcomes
 CHECKPOINT = "fraudrules"
 SITE = "fraudrules"
 CLOCK_SKEW_MS = 5 * 60_000  # timestamps may be this far ahead of the checking machine's clock
-JOB_FIELDS = ("data_dir", "catalog", "schema", "checkpoint_root", "shards", "shuffle_partitions", "lateness_ms")
+JOB_FIELDS = (
+    "data_dir",
+    "catalog",
+    "schema",
+    "checkpoint_root",
+    "shards",
+    "shuffle_partitions",
+    "lateness_ms",
+    "event_schema",
+)
 
 
 class QualityError(RuntimeError):

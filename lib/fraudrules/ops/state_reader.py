@@ -77,7 +77,8 @@ def _batch(cfg: JobConfig, batch_id: int | None) -> CommittedBatch | None:
 
 def engine_rules(spark: SparkSession, cfg: JobConfig, batch_id: int) -> dict[int, dict[int, tuple[int, int]]]:
     """Per shard, the ACTIVE window rules the engine holds: ruleId -> (signature, window ms)."""
-    return {s: RuleSet.from_json(t).windows() for s, t in _values(spark, cfg, "rules", batch_id).items()}
+    schema = event_schema.for_job(cfg)
+    return {s: RuleSet.from_json(t, schema).windows() for s, t in _values(spark, cfg, "rules", batch_id).items()}
 
 
 def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, live: bool = True) -> pd.DataFrame:
@@ -86,7 +87,8 @@ def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, liv
     batch = _batch(cfg, batch_id)
     if batch is None:
         return pd.DataFrame(columns=["shard", *FIELDS])
-    rules = {s: RuleSet.from_json(t) for s, t in _values(spark, cfg, "rules", batch.batch_id).items()}
+    schema = event_schema.for_job(cfg)
+    rules = {s: RuleSet.from_json(t, schema) for s, t in _values(spark, cfg, "rules", batch.batch_id).items()}
     resets = {s: Resets.decode(bytes(b)) for s, b in _values(spark, cfg, "resets", batch.batch_id).items()}
     frames, index = [], _index(cfg)
     for row in raw(spark, cfg, "chunks", batch.batch_id).collect():
