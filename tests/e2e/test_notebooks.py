@@ -233,6 +233,8 @@ def test_02_dynamic_keying(run: Run):
     }
     assert_figure(run, "02_fanout_per_rule")
     assert_figure(run, "02_shard_load")
+    nested = tagged_output(executed, "nested-keys")  # the busiest keys of a rule on a nested field
+    assert "merchant.country=" in nested and ", channel=" in nested
 
 
 def test_03_windowed_evaluation(run: Run):

@@ -17,11 +17,12 @@ from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, JobConfig
-from fraudrules.engine import keying
+from fraudrules.engine import ingest, keying
 from fraudrules.engine.inputs import numeric
 from fraudrules.engine.ruleset import RuleSet
+from fraudrules.generator import RichWorkload, sample_rules_path
 from fraudrules.rules import store
-from fraudrules.rules.model import NULL_OPS, AnyOf, Condition, Not, Rule, Term, stored_rule
+from fraudrules.rules.model import NULL_OPS, AnyOf, Condition, Not, Rule, Term, load_rules_file, stored_rule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -172,13 +173,31 @@ def key_preview(spark: SparkSession, cfg: JobConfig, bronze: DataFrame) -> DataF
     rules = RuleSet(schema=schema)
     rules.apply(store.current(spark, cfg).values())
     active = [(r, rules.sig(r.rule_id)) for r in rules.active("WINDOW")]
-    shards = cfg.shards
+    return _fan_out(
+        numeric(bronze.withColumn("srcTime", F.unix_millis("ingestedAt")), schema), schema, active, cfg.shards
+    )
+
+
+def nested_key_example(spark: SparkSession, count: int, shards: int) -> DataFrame:
+    """How a rule on a nested field keys: the rich schema's sample rule keyed by (merchant.country, channel)
+    over `count` generated transactions of that schema, parsed and keyed by the job's own code."""
+    schema = event_schema.builtin("rich")
+    rules = load_rules_file(sample_rules_path(schema), schema)
+    nested = [(r, 0) for r in rules if any("." in name for name in r.grouping_key_names)]
+    records = [(json.dumps(tx), 0, "generated", i) for i, tx in enumerate(RichWorkload(count=count).transactions())]
+    raw = spark.createDataFrame(records, "value string, srcTime long, srcName string, srcPos long")
+    return _fan_out(numeric(ingest.valid(ingest.parse(raw, schema)), schema), schema, nested, shards)
+
+
+def _fan_out(
+    rows: DataFrame, schema: event_schema.EventSchema, rules: list[tuple[Rule, int]], shards: int
+) -> DataFrame:
+    """Rows of the engine's input keyed by `rules` (with their signatures): PREVIEW_SCHEMA rows."""
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            yield keying.fan_out(keying.Transactions.of(frame, schema), active, shards)
+            yield keying.fan_out(keying.Transactions.of(frame, schema), rules, shards)
 
-    rows = numeric(bronze.withColumn("srcTime", F.unix_millis("ingestedAt")), schema)
     return rows.mapInPandas(fan_out, PREVIEW_SCHEMA)
 
 
