@@ -60,7 +60,10 @@ $(JARS)/spark/.archived: $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(V
 # `make run SOURCE=kafka`: transactions, logins and rule changes from topics, alerts also to a topic; without
 # --kafka-bootstrap HOST:PORT in ARGS, a local broker in $(DATA_DIR)/kafka (tools/kafka_local.py) is started
 # around the job and its address passed as --kafka-bootstrap.
-RUN := $(BIN)/fraudrules run --data-dir $(DATA_DIR) $(if $(SOURCE),--source $(SOURCE)) $(ARGS)
+# The demo runs on the rich event schema (merchant, channel, device, basket, card): its sample rules include one keyed
+# on a nested field. EVENT_SCHEMA=... names another DDL file (lib/fraudrules/schemas/default.ddl: the demo's own).
+EVENT_SCHEMA ?= lib/fraudrules/schemas/rich.ddl
+RUN := $(BIN)/fraudrules run --data-dir $(DATA_DIR) --event-schema $(EVENT_SCHEMA) $(if $(SOURCE),--source $(SOURCE)) $(ARGS)
 LOCAL_BROKER := $(and $(filter kafka,$(SOURCE)),$(if $(findstring --kafka-bootstrap,$(ARGS)),,yes))
 run: setup
 	$(if $(LOCAL_BROKER),$(BIN)/python -m tools.kafka_local with-broker --work-dir $(DATA_DIR)/kafka --) $(RUN)

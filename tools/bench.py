@@ -23,15 +23,21 @@ from pathlib import Path
 
 import numpy as np
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
-from fraudrules.generator import LoginWorkload, RateWriter, Workload, write_jsonl
+from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
 from fraudrules.session import get_spark
 
 BENCH_RULES = Path(__file__).with_name("bench_rules.json")
+# --schema rich: the rich event schema's transactions (11 fields, nested ones) and 6 rules on nested text keys
+SCHEMAS = {
+    "default": (None, Workload, BENCH_RULES),
+    "rich": (event_schema.builtin_path("rich"), RichWorkload, Path(__file__).with_name("bench_rules_rich.json")),
+}
+SCHEMA = "default"  # the --schema of this run
 LOGIN_RULE = {"ruleId": 100, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY"}
 PER_FILE = 5_000
 FILES_PER_BATCH = 10  # 50,000 transactions a micro-batch
@@ -81,8 +87,19 @@ def _tree_memory(root: int) -> tuple[int, int]:
 
 
 def bench_rules(window_factor: int = 1) -> list[Rule]:
-    rules = load_rules_file(str(BENCH_RULES))
+    ddl, _, path = SCHEMAS[SCHEMA]
+    rules = load_rules_file(str(path), event_schema.of(ddl))
     return [replace(r, window_minutes=r.window_minutes * window_factor) for r in rules]
+
+
+def workload(**kwargs) -> Workload:
+    """The benchmark's transactions, of the schema chosen."""
+    return SCHEMAS[SCHEMA][1](**kwargs)
+
+
+def job_config(**kwargs) -> JobConfig:
+    """A JobConfig on the schema chosen."""
+    return JobConfig(event_schema=SCHEMAS[SCHEMA][0], **kwargs)
 
 
 def _fresh(spark, cfg: JobConfig, rules: list[Rule]) -> None:
@@ -121,13 +138,13 @@ def breakdown(progress, beats: dict[int, dict]) -> list[str]:
 
 def throughput(spark, root: str, count: int, window_factor: int = 1) -> tuple[list[str], float]:
     """Lines to print and the median evaluation batch time (ms)."""
-    cfg = JobConfig(
+    cfg = job_config(
         data_dir=os.path.join(root, f"throughput-x{window_factor}"),
         available_now=True,
         max_files_per_trigger=FILES_PER_BATCH,
     )
     _fresh(spark, cfg, bench_rules(window_factor))
-    write_jsonl(cfg.landing, Workload(count=count).transactions(), per_file=PER_FILE)
+    write_jsonl(cfg.landing, workload(count=count).transactions(), per_file=PER_FILE)
     started = time.time()
     running = job.start(spark, cfg, printer=None)
     running.wait()
@@ -184,10 +201,10 @@ def _histogram(ms: np.ndarray, path: str, title: str) -> None:
 def latency(spark, root: str, rate: float, seconds: float, logins: bool) -> list[str]:
     """The continuous job at `rate` tx/s (with the login detector beside it when `logins`)."""
     name = "latency-logins" if logins else "latency"
-    cfg = JobConfig(data_dir=os.path.join(root, name), logins=logins)
+    cfg = job_config(data_dir=os.path.join(root, name), logins=logins)
     _fresh(spark, cfg, bench_rules() + ([parse_rule(LOGIN_RULE)] if logins else []))
     running = job.start(spark, cfg, printer=None)
-    writers = [RateWriter(cfg.landing, Workload(count=10**9, seed=99, first_id=10**9).transactions(), rate=rate)]
+    writers = [RateWriter(cfg.landing, workload(count=10**9, seed=99, first_id=10**9).transactions(), rate=rate)]
     if logins:
         writers.append(
             RateWriter(
@@ -275,7 +292,7 @@ def main(root: str, mode: str, count: int, rate: float, seconds: float) -> None:
     memory.start()
     print(
         f"fraudrules bench on {os.cpu_count()} cores (local[2], {JobConfig().shards} shards, RocksDB state store), "
-        f"{time.strftime('%Y-%m-%d')}",
+        f"{SCHEMA} event schema, {time.strftime('%Y-%m-%d')}",
         flush=True,
     )
     if mode in ("all", "throughput"):
@@ -299,7 +316,10 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput mode")
     p.add_argument("--rate", type=float, default=1_000.0, help="transactions/s of the latency mode")
     p.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the latency mode")
+    p.add_argument("--schema", choices=sorted(SCHEMAS), default="default", help="event schema, workload and rules")
     a = p.parse_args(argv)
+    global SCHEMA
+    SCHEMA = a.schema
     main(a.data_dir, a.mode, a.count, a.rate, a.seconds)
     return 0
 

@@ -32,8 +32,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fraudrules import event_schema
 from fraudrules.config import EVALUATE_QUERY, QUERIES, JobConfig
-from fraudrules.generator import LoginWorkload, Workload, sample_rules_path
+from fraudrules.event_schema import EventSchema
+from fraudrules.generator import LoginWorkload, RichWorkload, Workload, is_rich, sample_rules_path
 from fraudrules.rules.model import LOGIN_RULE
 
 SINK_TABLES = ("transactions", "logins", "quarantine", "alerts", "late_events", "batches")
@@ -56,6 +58,12 @@ BAD_TRANSACTIONS = (
     '{{"transactionId": {i}, "eventTime": 99999999999999999, "payeeId": 1, "beneficiaryId": 2, '
     '"paymentAmount": "1.00", "paymentType": "CRD"}}',  # absurd timestamp
     "[1, 2, 3]",  # JSON, but not an object
+)
+BAD_RICH_TRANSACTIONS = (  # with the rich schema (--event-schema): mistyped nested fields
+    '{{"transactionId": {i}, "eventTime": 1700000000000, "payeeId": 1, "beneficiaryId": 2, "paymentAmount": "1.00", '
+    '"paymentType": "CSH", "merchant": "FR"}}',
+    '{{"transactionId": {i}, "eventTime": 1700000000000, "payeeId": 1, "beneficiaryId": 2, "paymentAmount": "1.00", '
+    '"paymentType": "CRD", "basket": {{"items": "many"}}}}',
 )
 BAD_LOGINS = (
     '{{"userId": {i}, "eventType": "FAIL"',
@@ -123,6 +131,7 @@ class Demo:
     source: str = "files"
     batch_files: int = 1  # maxFilesPerTrigger (files) / batch_files × per_file offsets (Kafka)
     rules_path: str | None = None
+    event_schema: str | None = None  # the transactions' schema (DDL file): the rich one generates rich events
     printer: object = print
     kafka_bootstrap: str | None = None
     lines: dict[str, list[str]] = field(default_factory=dict)
@@ -130,18 +139,24 @@ class Demo:
 
     @property
     def job_cfg(self) -> JobConfig:
-        return JobConfig(data_dir=os.path.join(self.root, "job"), shards=self.shards, logins=True)
+        root = os.path.join(self.root, "job")
+        return JobConfig(data_dir=root, shards=self.shards, logins=True, event_schema=self.event_schema)
 
     @property
     def backtest_cfg(self) -> JobConfig:
-        return JobConfig(data_dir=os.path.join(self.root, "backtest"), shards=self.shards)
+        root = os.path.join(self.root, "backtest")
+        return JobConfig(data_dir=root, shards=self.shards, event_schema=self.event_schema)
+
+    @property
+    def schema(self) -> EventSchema:
+        return event_schema.of(self.event_schema)
 
     def input_dir(self, kind: str) -> str:
         return os.path.join(self.root, "input", kind)
 
     @property
     def rules(self) -> str:
-        return self.rules_path or sample_rules_path()
+        return self.rules_path or sample_rules_path(self.schema)
 
     def say(self, text: str) -> None:
         if self.printer:
@@ -151,10 +166,13 @@ class Demo:
 
     def prepare(self) -> Demo:
         shutil.rmtree(self.root, ignore_errors=True)
-        txs = Workload(count=self.count, seed=self.seed, payees=200, beneficiaries=50, burst_every=250)
+        rich = is_rich(self.schema)
+        kind = RichWorkload if rich else Workload
+        txs = kind(count=self.count, seed=self.seed, payees=200, beneficiaries=50, burst_every=250)
         logins = LoginWorkload(count=self.logins_count, seed=self.seed + 1, users=60, attack_every=40)
+        bad = (BAD_RICH_TRANSACTIONS if rich else ()) + BAD_TRANSACTIONS  # the rich ones first: a short run has them
         self.lines["transactions"], self.bad["transactions"] = _with_bad(
-            map(json.dumps, txs.transactions()), BAD_TRANSACTIONS, self.bad_every
+            map(json.dumps, txs.transactions()), bad, self.bad_every
         )
         self.lines["logins"], self.bad["logins"] = _with_bad(
             map(json.dumps, logins.events()), BAD_LOGINS, self.bad_every
@@ -185,6 +203,8 @@ class Demo:
         cfg = self.job_cfg
         run = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--available-now"]
         options = {"--data-dir": cfg.data_dir, "--shards": str(self.shards), "--rules": self.rules}
+        if self.event_schema:
+            options["--event-schema"] = self.event_schema
         if self.source == "kafka":
             options |= {
                 "--source": "kafka",
@@ -296,7 +316,11 @@ class Demo:
         shutil.rmtree(bt_cfg.data_dir, ignore_errors=True)
         self.say("backtest of the same input with the same rules ...")
         backtest.run(
-            spark, bt_cfg, self.input_dir("transactions"), load_rules_file(self.rules), logins=self.input_dir("logins")
+            spark,
+            bt_cfg,
+            self.input_dir("transactions"),
+            load_rules_file(self.rules, self.schema),
+            logins=self.input_dir("logins"),
         )
         got = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, self.job_cfg, "alerts").collect()]
         want = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, bt_cfg, "alerts").collect()]
@@ -456,10 +480,12 @@ def main(
     source: str = "files",
     shards: int = 2,
     rules: str | None = None,
+    event_schema: str | None = None,
 ) -> int:
     from fraudrules.session import get_spark
 
     demo = Demo(
+        event_schema=event_schema,
         root=root,
         count=count,
         logins_count=logins_count,
@@ -500,8 +526,11 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--source", choices=["files", "kafka"], default="files")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--rules", help="rules file (default: the sample rules, incl. the login detector)")
+    p.add_argument("--event-schema", help="transactions' schema (DDL file; the rich one: rich events and rules)")
     a = p.parse_args(argv)
-    return main(a.data_dir, a.kills, a.count, a.logins_count, a.per_file, a.seed, a.source, a.shards, a.rules)
+    return main(
+        a.data_dir, a.kills, a.count, a.logins_count, a.per_file, a.seed, a.source, a.shards, a.rules, a.event_schema
+    )
 
 
 if __name__ == "__main__":

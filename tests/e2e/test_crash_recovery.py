@@ -3,8 +3,11 @@ and its alerts (transactions and logins) must equal a backtest of the same input
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from fraudrules import event_schema
 from tools.crash_demo import Demo, Report
 
 pytestmark = pytest.mark.e2e
@@ -24,3 +27,17 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(tmp_path, request):
         assert (o.lost, o.duplicated, o.unexpected, o.different) == (0, 0, 0, 0), o.line()
     assert report.reconciled, "\n".join(report.reconciliation)
     assert report.ok
+
+
+def test_the_demo_follows_the_event_schema(tmp_path):
+    """With the rich schema: rich records (mistyped nested fields first among the bad ones), the rich sample rules
+    (a nested key among them), and the schema given to the crashed job and to the backtest alike."""
+    ddl = event_schema.builtin_path("rich")
+    demo = Demo(root=str(tmp_path / "demo"), count=300, logins_count=10, per_file=100, event_schema=ddl).prepare()
+    lines = demo.lines["transactions"]
+    assert sum('"merchant": {' in line for line in lines) == 300  # every generated record has its merchant
+    assert [json.loads(line).get("merchant") for line in lines if '"merchant": "FR"' in line] == ["FR"]
+    assert sum('"items": "many"' in line for line in lines) == 1
+    command = demo.child_command()
+    assert command[command.index("--event-schema") + 1] == ddl
+    assert demo.rules.endswith("sample_rules_rich.json") and demo.backtest_cfg.event_schema == ddl

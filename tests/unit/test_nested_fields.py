@@ -3,6 +3,7 @@ SQL's three-valued logic, against the brute-force reference (which reads the raw
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
 
@@ -241,3 +242,25 @@ def test_matches_the_reference_out_of_order_in_single_batches_without_caches(wor
     # late events go to late_events per rule that would have keyed them: those no rule keys are not listed
     keyed = {tx["transactionId"] for b in singles for tx in b if any(reference.passes(r, tx) for r in rules)}
     assert late == ref_late & keyed
+
+
+def test_a_shadow_rule_on_a_nested_field_hits_what_it_alerts_when_active():
+    filters = [{"any": [{"field": "dev", "op": "IS_NULL"}, {"not": {"field": "kind", "op": "EQ", "value": "A"}}]}]
+    active = rule(1, field="amount", limit="1", keys=("m.country",), schema=SCHEMA, filter=filters, window=2)
+    shadow = replace(active, rule_id=2, state="SHADOW")
+    records = [
+        event(
+            i,
+            i * 10_000,
+            amount=f"{i}.50",
+            m__country="FR" if i % 3 else None,
+            dev=None if i % 2 else "d",
+            kind="AB"[i % 2],
+        )
+        for i in range(1, 30)
+    ]
+    engine = Engine(MIN, shards=2, schema=SCHEMA)
+    engine.run([records[:10], records[10:]], [[active, shadow]] * 2)
+    alerts, hits = engine.hits("alert"), engine.hits("shadow")
+    assert alerts and {tx: a for (_, tx), a in hits.items()} == {tx: a for (_, tx), a in alerts.items()}
+    assert {r for r, _ in alerts} == {1} and {r for r, _ in hits} == {2}

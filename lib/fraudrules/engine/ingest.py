@@ -102,14 +102,15 @@ def _type_conditions(node: Node, record: _Record) -> list[Column]:
     if leaf is None:
         return [text.isNotNull() & ~record.is_object(node)]
     read = F.col(_cast_column(leaf))
+    # a required top-level field is there by now (its `missing` check comes first): no need to ask again
+    unread = read.isNull() if _required(node) and record.parent[node.path] is None else text.isNotNull() & read.isNull()
     if leaf.kind == "integer":
         bound = 2 ** (leaf.bits - 1)
-        out_of_range = [(read < -bound) | (read >= bound)] if leaf.bits < 64 else []
-        return [text.isNotNull() & read.isNull(), *out_of_range]
+        return [unread, *([(read < -bound) | (read >= bound)] if leaf.bits < 64 else [])]
     if leaf.kind == "decimal":
-        return [text.isNotNull() & read.isNull(), read != F.round(read, leaf.scale), F.abs(read) >= F.lit(leaf.limit)]
+        return [unread, read != F.round(read, leaf.scale), F.abs(read) >= F.lit(leaf.limit)]
     if leaf.kind == "boolean":
-        return [text.isNotNull() & read.isNull()]
+        return [unread]
     return [~text.isin(*leaf.values)] if leaf.values else []
 
 
