@@ -156,10 +156,6 @@ class EventSchema:
         out.update({"srcTime": "long", "srcId": "long", "srcPos": "long"})
         return out
 
-    def added_to(self, older: EventSchema) -> list[str]:
-        """Leaves declared here and not in `older`."""
-        return [p for p in self.fields if p not in older.fields]
-
     def changed_from(self, older: EventSchema) -> list[str]:
         """Leaves declared in both with another type or other declared values: Delta cannot change a column's
         type, and the engine would key their values differently (windows would silently start afresh)."""

@@ -42,7 +42,7 @@ from fraudrules.engine.sinks import (
     publish_alerts,
 )
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
-from fraudrules.event_schema import EventSchema, SchemaError
+from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import EVALUATED, RuleError, validate
@@ -73,10 +73,10 @@ def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFr
     return by_user.transformWithStateInPandas(LoginProcessor(labels), OUTPUT_SCHEMA, "append", "EventTime")
 
 
-def adopt_schema(spark: SparkSession, cfg: JobConfig) -> EventSchema:
-    """The event schema the job starts with (`event_schema.for_job`), once it fits what the job already holds:
-    SchemaError when an evaluated (ACTIVE or SHADOW) rule names a field it does not declare, or a field changes
-    type. Bronze gains the columns of the fields it adds; the schema is recorded beside the checkpoints."""
+def adopt_schema(spark: SparkSession, cfg: JobConfig) -> list[str]:
+    """Start with the event schema (`event_schema.for_job`) once it fits what the job already holds: SchemaError
+    when an evaluated (ACTIVE or SHADOW) rule names a field it does not declare, or a field changes type. Bronze
+    gains the columns of the fields it adds (returned); the schema is recorded beside the checkpoints."""
     schema = event_schema.for_job(cfg)
     problems = []
     previous = event_schema.recorded(cfg)
@@ -94,9 +94,9 @@ def adopt_schema(spark: SparkSession, cfg: JobConfig) -> EventSchema:
         raise SchemaError(
             f"the event schema {cfg.event_schema or '(default)'} does not fit this job: " + "; ".join(problems)
         )
-    tables.evolve_bronze(spark, cfg)
+    added = tables.evolve_bronze(spark, cfg)
     event_schema.record(cfg, schema)
-    return schema
+    return added
 
 
 def discard_unstarted(checkpoint: str) -> bool:

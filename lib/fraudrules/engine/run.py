@@ -42,11 +42,14 @@ class Writer(Protocol):
 
 
 def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = say) -> None:
-    """Create missing tables; an empty rules table gets the rules of `rules_file` (if given), validated against
-    the job's event schema (RuleError)."""
+    """Create missing tables and adopt the event schema (`job.adopt_schema`: SchemaError when it does not fit the
+    job); an empty rules table gets the rules of `rules_file` (if given), validated against it (RuleError)."""
     created = tables.ensure(spark, cfg)
     if created:
         printer(f"created {len(created)} tables: {', '.join(created)}")
+    added = job.adopt_schema(spark, cfg)
+    if added:
+        printer(f"bronze transactions gained the event schema's new fields: {', '.join(added)}")
     if rules_file and not store.current(spark, cfg):
         rules = load_rules_file(rules_file, event_schema.for_job(cfg))
         store.upsert(spark, cfg, rules, author="fraudrules run")
