@@ -118,8 +118,8 @@ def test_invalid_rules_in_the_stream_go_to_rule_errors_and_valid_ones_apply(spar
     assert set(store.current(spark, stream.cfg)) == {1}
     assert "windowMinutes must be > 0" in errors["2"]
     assert "non-numeric" in errors["3"]
-    assert "filter on unknown field 'colour'" in errors["4"]
-    assert "unknown field(s) shoeSize" in errors["5"]
+    assert "filter: 'colour' is not in the event schema" in errors["4"]
+    assert "groupingKeyNames: 'shoeSize' is not in the event schema" in errors["5"]
     assert "MEDIAN" in errors["6"]
     assert "missing limit" in errors["7"]
     assert "malformed JSON" in errors[None]
