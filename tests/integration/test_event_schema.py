@@ -45,6 +45,7 @@ def test_records_are_typed_or_quarantined_naming_the_field(spark):
             GOOD,  # every optional field absent: null
             {**GOOD, "m": {"deep": {"x": 1}}},
             {**GOOD, "m": "FR"},
+            {**GOOD, "m": "{not an object"},
             {**GOOD, "m": {"id": "a", "deep": [1]}},
             {**GOOD, "m": {"id": "a", "deep": {"x": 40_000}}},
             {**GOOD, "n": 3_000_000_000},
@@ -63,6 +64,7 @@ def test_records_are_typed_or_quarantined_naming_the_field(spark):
     assert rows[1]["m"] is None and rows[1]["n"] is None and rows[1]["error"] is None
     assert [r["error"] for r in rows[2:]] == [
         "missing m.id",  # NOT NULL inside a struct that is there
+        "m is not an object",
         "m is not an object",
         "m.deep is not an object",
         "m.deep.x out of range (SMALLINT)",

@@ -29,45 +29,70 @@ def _long(name: str) -> Column:
     return F.expr(f"try_cast(trim(j.{name}) AS BIGINT)")
 
 
-def text_schema(nodes: tuple[Node, ...]) -> str:
-    """Every field of one level as text: JSON numbers and numeric strings alike, an object as its JSON."""
-    return ", ".join(f"{quote(n.name)} string" for n in nodes)
+def text_schema(nodes: tuple[Node, ...], nested: bool = False) -> str:
+    """Every field of one level as text (JSON numbers and numeric strings alike); a struct as its JSON text or,
+    `nested`, as a struct of its fields' texts."""
+    return ", ".join(f"{quote(n.name)} {_text_type(n) if nested else 'string'}" for n in nodes)
 
 
-def _struct_column(node: Node) -> str:
-    return "_s_" + node.path.replace(".", "__")
+def _text_type(node: Node) -> str:
+    if node.leaf is not None:
+        return "string"
+    return "struct<" + ",".join(f"{quote(c.name)}:{_text_type(c)}" for c in node.children) + ">"
 
 
 def _cast_column(leaf: Field) -> str:
     return "_c_" + leaf.column
 
 
-class _Record:
-    """Where each declared field's text is once the record is parsed: top-level fields in `j`, a struct's
-    fields in that struct's own parse (`_s_<path>`, one generator per nesting level, for the same reason as
-    `j`): each struct is kept as its JSON text first, so that a non-object there is told apart from an
-    absent one."""
+CORRUPT = "_corrupt_record"  # set by Spark's JSON parser where a struct is given something other than an object
 
-    def __init__(self, schema: EventSchema):
-        self.schema = schema
-        self.text: dict[str, Column] = {r.path: F.col("j")[r.name] for r in schema.roots}
+
+def _parse_object(text: Column, node: Node) -> Column:
+    """A struct's JSON text parsed as its fields' texts; `CORRUPT` set where the text is not a JSON object."""
+    return F.from_json(text, f"{text_schema(node.children)}, {CORRUPT} string", {"columnNameOfCorruptRecord": CORRUPT})
+
+
+class _Record:
+    """Where each declared field's text is, and whether a struct is there as an object.
+
+    The record is parsed once, in `j` (see `_with_json`), every leaf as text: a flat schema's fields, a schema with
+    structs as structs of texts. A struct given anything but an object (or malformed JSON) makes the parser mark
+    the record (`CORRUPT`, the other fields kept). Such a record is diagnosed again from its text (`diagnosis`,
+    only for those records): top-level fields as text, each struct's text parsed in turn, so that the field that
+    is not an object is named."""
+
+    def __init__(self, schema: EventSchema, j: Column, nested: bool):
+        self.schema, self.j, self.nested = schema, j, nested
+        self.text: dict[str, Column] = {r.path: j[r.name] for r in schema.roots}
         self.parent: dict[str, Node | None] = {r.path: None for r in schema.roots}
+        self.struct: dict[str, Column] = {}  # each struct's fields (null: absent, or not an object)
         for node in schema.nodes():
+            if node.leaf is None:
+                text = self.text[node.path]
+                self.struct[node.path] = text if nested else _parse_object(text, node)
             for c in node.children:
-                self.text[c.path] = F.col(_struct_column(node))[c.name]
+                self.text[c.path] = self.struct[node.path][c.name]
                 self.parent[c.path] = node
 
-    def parse(self, raw: DataFrame) -> DataFrame:
-        df = _with_json(raw, text_schema(self.schema.roots))
-        level = [r for r in self.schema.roots if r.leaf is None]
-        while level:
-            parsed = [F.from_json(self.text[n.path], text_schema(n.children)).alias(_struct_column(n)) for n in level]
-            df = df.select("*", F.inline(F.array(F.struct(*parsed))))
-            level = [c for n in level for c in n.children if c.leaf is None]
-        return df
+    @staticmethod
+    def parsed(raw: DataFrame, schema: EventSchema) -> tuple[DataFrame, _Record]:
+        """The raw columns plus `j`, and where the fields are in it."""
+        structs = any(r.leaf is None for r in schema.roots)
+        if not structs:
+            return _with_json(raw, text_schema(schema.roots)), _Record(schema, F.col("j"), nested=False)
+        ddl = f"{text_schema(schema.roots, nested=True)}, {CORRUPT} string"
+        j = F.from_json("value", ddl, {"columnNameOfCorruptRecord": CORRUPT})
+        df = raw.select(*RAW_COLUMNS, F.inline(F.array(F.struct(j.alias("j")))))
+        return df, _Record(schema, F.col("j"), nested=True)
+
+    def diagnosis(self) -> _Record:
+        """The record's fields from its text, each struct's text parsed on its own (for marked records only)."""
+        return _Record(self.schema, F.from_json("value", text_schema(self.schema.roots)), nested=False)
 
     def is_object(self, node: Node) -> Column:
-        return F.ltrim(self.text[node.path]).startswith("{")
+        struct = self.struct[node.path]
+        return struct.isNotNull() if self.nested else struct.isNotNull() & struct[CORRUPT].isNull()
 
     def within(self, node: Node) -> Column:
         """The node's struct (if any) is there as an object: its fields can be looked for."""
@@ -96,12 +121,12 @@ def _typed(node: Node, record: _Record) -> Column:
     return F.when(record.is_object(node), F.struct(*fields))
 
 
-def _type_conditions(node: Node, record: _Record) -> list[Column]:
+def _type_conditions(node: Node, record: _Record, reads: dict[str, Column]) -> list[Column]:
     """What makes a present value of this field not fit its declared type (reasons: `_type_reasons`)."""
     text, leaf = record.text[node.path], node.leaf
     if leaf is None:
         return [text.isNotNull() & ~record.is_object(node)]
-    read = F.col(_cast_column(leaf))
+    read = reads[leaf.path]
     # a required top-level field is there by now (its `missing` check comes first): no need to ask again
     unread = read.isNull() if _required(node) and record.parent[node.path] is None else text.isNotNull() & read.isNull()
     if leaf.kind == "integer":
@@ -154,26 +179,35 @@ def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
     `reasons` that applies.
 
     Every field is read as text first (JSON numbers and numeric strings are both accepted), then cast; `fields`
-    keeps the text of every top-level field. The raw record keeps any extra fields.
+    keeps the text of every top-level field that is not a struct. The raw record keeps any extra fields.
     """
-    record = _Record(schema)
-    df = record.parse(raw)
-    helpers = [c for c in df.columns if c not in RAW_COLUMNS]
-    read = [_read(leaf, record.text[leaf.path]).alias(_cast_column(leaf)) for leaf in schema.fields.values()]
-    names = [x for r in schema.roots for x in (F.lit(r.name), record.text[r.path])]
-    df = df.select(*RAW_COLUMNS, *helpers, F.create_map(*names).alias("fields"), *read)
-    nodes = list(schema.nodes())
-    event_time = F.col(_cast_column(schema.fields[TIME]))
-    conditions = [
-        _not_object(F.col("j")),
-        *(record.within(n) & record.text[n.path].isNull() for n in nodes if _required(n)),
-        *(c for n in nodes if _required(n) for c in _type_conditions(n, record)),
-        (event_time < 0) | (event_time > MAX_EVENT_TIME_MS),
-        *(c for n in nodes if not _required(n) for c in _type_conditions(n, record)),
-    ]
+    df, record = _Record.parsed(raw, schema)
+    leaves = schema.fields.values()
+    read = [_read(leaf, record.text[leaf.path]).alias(_cast_column(leaf)) for leaf in leaves]
+    names = [x for r in schema.roots if r.leaf is not None for x in (F.lit(r.name), record.text[r.path])]
+    df = df.select(*RAW_COLUMNS, "j", F.create_map(*names).alias("fields"), *read)
+    error = _error(record, {f.path: F.col(_cast_column(f)) for f in leaves})
+    if record.nested:  # a marked record: every check again, from its text
+        slow = record.diagnosis()
+        error = F.when(F.col("j")[CORRUPT].isNull(), error).otherwise(
+            _error(slow, {f.path: _read(f, slow.text[f.path]) for f in leaves})
+        )
     typed = [_typed(r, record).alias(r.name) for r in schema.roots]
-    error = _reason(list(zip(conditions, reasons(schema), strict=True)))
     return df.select(*RAW_COLUMNS, "fields", *typed, error.alias("error"))
+
+
+def _error(record: _Record, reads: dict[str, Column]) -> Column:
+    """The first of `reasons` that applies to a parsed record (`reads`: each leaf read as its kind)."""
+    nodes = list(record.schema.nodes())
+    event_time = reads[TIME]
+    conditions = [
+        _not_object(record.j),
+        *(record.within(n) & record.text[n.path].isNull() for n in nodes if _required(n)),
+        *(c for n in nodes if _required(n) for c in _type_conditions(n, record, reads)),
+        (event_time < 0) | (event_time > MAX_EVENT_TIME_MS),
+        *(c for n in nodes if not _required(n) for c in _type_conditions(n, record, reads)),
+    ]
+    return _reason(list(zip(conditions, reasons(record.schema), strict=True)))
 
 
 LOGIN_SCHEMA = "userId string, eventType string, ipAddress string, eventTimestamp string, ingestionTimestamp string"
