@@ -15,14 +15,15 @@ MAX_EVENT_TIME_MS = 4_102_444_800_000  # 2100-01-01: anything later (or negative
 RAW_COLUMNS = ("value", "srcTime", "srcName", "srcPos")
 
 
-def _with_json(raw: DataFrame, schema: str) -> DataFrame:
+def _with_json(raw: DataFrame, schema: str, options: dict[str, str] | None = None) -> DataFrame:
     """The raw columns plus `j`, the record parsed once.
 
     Parsed inside a generator on purpose: as a plain column, the optimizer inlines `from_json` into
     every expression and filter that reads `j` (a dozen parses per record, uncompiled); a filter
     cannot be pushed below a generator's output.
     """
-    return raw.select(*RAW_COLUMNS, F.inline(F.array(F.struct(F.from_json("value", schema).alias("j")))))
+    j = F.from_json("value", schema, options) if options else F.from_json("value", schema)
+    return raw.select(*RAW_COLUMNS, F.inline(F.array(F.struct(j.alias("j")))))
 
 
 def _long(name: str) -> Column:
@@ -82,8 +83,7 @@ class _Record:
         if not structs:
             return _with_json(raw, text_schema(schema.roots)), _Record(schema, F.col("j"), nested=False)
         ddl = f"{text_schema(schema.roots, nested=True)}, {CORRUPT} string"
-        j = F.from_json("value", ddl, {"columnNameOfCorruptRecord": CORRUPT})
-        df = raw.select(*RAW_COLUMNS, F.inline(F.array(F.struct(j.alias("j")))))
+        df = _with_json(raw, ddl, {"columnNameOfCorruptRecord": CORRUPT})
         return df, _Record(schema, F.col("j"), nested=True)
 
     def diagnosis(self) -> _Record:
