@@ -124,7 +124,7 @@ def throughput(spark, root: str, count: int, window_factor: int = 1) -> tuple[li
     cfg = JobConfig(
         data_dir=os.path.join(root, f"throughput-x{window_factor}"),
         available_now=True,
-        max_files_per_trigger=FILES_PER_BATCH,
+        max_records_per_trigger=FILES_PER_BATCH * PER_FILE,
     )
     _fresh(spark, cfg, bench_rules(window_factor))
     write_jsonl(cfg.landing, Workload(count=count).transactions(), per_file=PER_FILE)

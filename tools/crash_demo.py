@@ -121,7 +121,7 @@ class Demo:
     bad_every: int = 97  # one bad record per this many lines
     shards: int = 2
     source: str = "files"
-    batch_files: int = 1  # maxFilesPerTrigger (files) / batch_files × per_file offsets (Kafka)
+    batch_files: int = 1  # a micro-batch holds batch_files × per_file records (--max-records-per-trigger)
     rules_path: str | None = None
     printer: object = print
     kafka_bootstrap: str | None = None
@@ -184,19 +184,16 @@ class Demo:
     def child_command(self) -> list[str]:
         cfg = self.job_cfg
         run = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--available-now"]
-        options = {"--data-dir": cfg.data_dir, "--shards": str(self.shards), "--rules": self.rules}
+        options = {
+            "--data-dir": cfg.data_dir,
+            "--shards": str(self.shards),
+            "--rules": self.rules,
+            "--max-records-per-trigger": str(self.batch_files * self.per_file),
+        }
         if self.source == "kafka":
-            options |= {
-                "--source": "kafka",
-                "--kafka-bootstrap": str(self.kafka_bootstrap),
-                "--max-offsets-per-trigger": str(self.batch_files * self.per_file),
-            }
+            options |= {"--source": "kafka", "--kafka-bootstrap": str(self.kafka_bootstrap)}
         else:
-            options |= {
-                "--transactions": self.input_dir("transactions"),
-                "--logins": self.input_dir("logins"),
-                "--max-files-per-trigger": str(self.batch_files),
-            }
+            options |= {"--transactions": self.input_dir("transactions"), "--logins": self.input_dir("logins")}
         return [*run, *(part for option in options.items() for part in option)]
 
     def _batches(self) -> tuple[int, int]:

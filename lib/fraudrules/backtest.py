@@ -38,6 +38,9 @@ ALERT_FIELDS = (
 )
 
 
+WRITE_ROWS = 10_000
+
+
 @dataclass
 class BacktestResult:
     transactions: int
@@ -115,10 +118,11 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     rows = tables.arrow(spark, cfg, "alerts", ALERT_FIELDS).sort_by(order)  # nulls first, as Spark sorts
     n = 0
     with open(out, "w", encoding="utf-8") as fh:
-        for record in rows.to_pylist():
-            record["key"] = json.loads(record["key"])
-            record["details"] = json.loads(record["details"]) if record["details"] else None
-            record["eventTime"] = iso_time(record["eventTimeMs"])
-            fh.write(to_json_line(record) + "\n")
-            n += 1
+        for batch in rows.to_batches(max_chunksize=WRITE_ROWS):  # Python objects for a slice at a time
+            for record in batch.to_pylist():
+                record["key"] = json.loads(record["key"])
+                record["details"] = json.loads(record["details"]) if record["details"] else None
+                record["eventTime"] = iso_time(record["eventTimeMs"])
+                fh.write(to_json_line(record) + "\n")
+                n += 1
     return n

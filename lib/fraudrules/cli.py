@@ -64,6 +64,19 @@ positive_float = _bounded(float, 0.0, False, "a number > 0")
 non_negative_float = _bounded(float, 0.0, True, "a number >= 0")
 
 
+def add_records_bound(p: argparse.ArgumentParser) -> None:
+    """The bound of a micro-batch, for `run` and `backtest` alike (`--max-offsets-per-trigger`: Kafka's word)."""
+    p.add_argument(
+        "--max-records-per-trigger",
+        "--max-offsets-per-trigger",
+        type=positive_int,
+        default=JobConfig.max_records_per_trigger,
+        metavar="N",
+        help="at most N records (file lines, Kafka records) per micro-batch of each source, whatever the file "
+        f"sizes (default {JobConfig.max_records_per_trigger:,})",
+    )
+
+
 def key_value(text: str) -> str:
     try:
         parse_options([text])
@@ -145,10 +158,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not on_databricks():
         spark.stop()
     if failed:
-        print(f"a query failed: {_first_line(failed)}", file=sys.stderr)
+        print(f"a query failed: {_died(failed) or _first_line(failed)}", file=sys.stderr)
         return 1
     print("stopped cleanly; run again to resume from the checkpoints")
     return 0
+
+
+def _died(err: BaseException) -> str | None:
+    """One line when Spark's JVM or a Python worker died under the command (see `failures`), else None."""
+    if "pyspark" not in sys.modules:  # Spark never started: not such a failure
+        return None
+    from fraudrules import failures
+
+    return failures.explain(err)
 
 
 def _first_line(err: BaseException) -> str:
@@ -459,9 +481,7 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         metavar="PATH",
         help="login events: a folder, a JSON-lines file or a glob (default <data-dir>/landing/logins)",
     )
-    run.add_argument(
-        "--max-files-per-trigger", type=positive_int, default=None, help="bound of a file micro-batch (files)"
-    )
+    add_records_bound(run)
     run.add_argument("--source", choices=["files", "kafka"], help="default: kafka with a bootstrap, else files")
     run.add_argument("--kafka-bootstrap", help="bootstrap servers (`make run SOURCE=kafka` starts a local broker)")
     run.add_argument(
@@ -484,9 +504,6 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         default="earliest",
         help="where a fresh checkpoint starts reading: earliest, latest or JSON offsets",
     )
-    run.add_argument(
-        "--max-offsets-per-trigger", type=positive_int, default=None, help="bound of a Kafka micro-batch (records)"
-    )
     run.set_defaults(func=cmd_run)
 
 
@@ -503,9 +520,7 @@ def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
     bt.add_argument("--rules", required=True, metavar="FILE", help="rules: a JSON list (or one rule)")
     bt.add_argument("--out", required=True, metavar="FILE", help="where the alerts go, as JSON lines")
     bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a fresh temporary one)")
-    bt.add_argument(
-        "--max-files-per-trigger", type=positive_int, default=None, help="files per micro-batch (default: all)"
-    )
+    add_records_bound(bt)
     bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
     bt.set_defaults(func=cmd_backtest)
 
@@ -603,6 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"fraudrules {args.command}: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if (why := _died(err)) is None:
+            raise
+        print(f"fraudrules {args.command}: {why}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # no Spark shutdown to run; threads and native libraries still bound to it must not hold the exit
     except KeyboardInterrupt:
         print(f"fraudrules {args.command}: interrupted", file=sys.stderr)
         return 130

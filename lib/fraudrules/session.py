@@ -33,6 +33,7 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
 DEFAULT_JARS = os.path.join(".jars", "spark")
+DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
 # Hadoop's local file system without a forked `chmod` per created file (jvm/localfs), built by `make setup` into
 # the jars folder's driver/ (not a Spark jar: the driver's class path, where Hadoop looks file systems up)
 LOCAL_FS = "io.fraudrules.hadoop.NoForkLocalFileSystem"
@@ -67,6 +68,13 @@ def background_thread(spark: SparkSession) -> None:
     it is: its JVM maps no priorities, and a Spark Connect session has no JVM to reach."""
     if not on_databricks():
         spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
+
+
+def driver_memory() -> str:
+    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 3g. The heap grows to its maximum under the job's
+    allocation rate and stays there: with 4g, `make bench` peaked at 3.9 GiB for the whole process tree; with 3g, at
+    3.1 GiB, as fast (README, Performance)."""
+    return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
 
 
 def jars_folder() -> str:
@@ -126,9 +134,7 @@ def get_spark(
             .config("spark.jars", ",".join(local_jars()))
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            # The heap grows to its maximum under the job's allocation rate and stays there: with 4g, `make bench`
-            # peaked at 3.9 GiB for the whole process tree; with 3g, at 3.1 GiB, as fast (README, Performance)
-            .config("spark.driver.memory", os.environ.get("FRAUDRULES_DRIVER_MEMORY", "3g"))
+            .config("spark.driver.memory", driver_memory())
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -153,6 +159,7 @@ def get_spark(
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()
         logs.quiet_python_workers(spark)
+        logs.quiet_driver_threads(spark)
         spark.sparkContext.setLogLevel(logs.level())
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fraudrules.config import EVALUATE_QUERY, JobConfig
+from fraudrules.engine import lines
 from fraudrules.ops import delta_log, health
 from tests.support.delta_writer import BATCHES, DeltaWriter, batch_row
 from tools import supervisor
@@ -162,19 +163,24 @@ def test_latency_high_and_rising(batches, data_dir, fake_job):
     assert any("latency p99 900 ms" in p for p in verdict["problems"])
 
 
-def test_lag_from_the_file_source_log(data_dir):
-    landing = Path(JobConfig(data_dir=str(data_dir)).landing)
+def test_lag_from_the_sources_ledger_and_committed_offsets(data_dir):
+    cfg = JobConfig(data_dir=str(data_dir))
+    landing, checkpoint = Path(cfg.landing), Path(cfg.checkpoint(EVALUATE_QUERY))
     landing.mkdir(parents=True)
-    old, new = landing / "a.json", landing / "b.json"
-    old.write_text("{}\n")
-    new.write_text("{}\n")
-    os.utime(old, (1_000, 1_000))
-    os.utime(new, (2_000, 2_000))
-    sources = Path(JobConfig(data_dir=str(data_dir)).checkpoint(EVALUATE_QUERY)) / "sources" / "0"
-    sources.mkdir(parents=True)
-    (sources / "0").write_text('v1\n{"path":"file:///x/a.json","timestamp":1000000,"batchId":0}\n')
+    read, partly, unseen = landing / "a.json", landing / "b.json", landing / "c.json"
+    for i, path in enumerate((read, partly, unseen)):
+        path.write_text('{"x": 1}\n{"x": 2}\n')
+        os.utime(path, (1_000 * (i + 1), 1_000 * (i + 1)))
+    lines.Ledger(lines.ledger_of(str(checkpoint))).add(lines.list_files(*lines.open_fs(str(landing)))[:2], 0)
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    rules = '{"sourceVersion":1,"reservoirVersion":3,"index":-1,"isStartingVersion":false}'
+    meta = '{"batchWatermarkMs":0}'
+    (checkpoint / "offsets" / "4").write_text(f'v1\n{meta}\n{{"file":1,"byte":9,"line":1}}\n{rules}\n')
+    (checkpoint / "commits" / "4").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    (checkpoint / "offsets" / "5").write_text(f'v1\n{meta}\n{{"file":3,"byte":0,"line":0}}\n{rules}\n')  # not committed
     backlog = health.lag(str(data_dir), now=2_500)
-    assert backlog == {"pending_files": 1, "oldest_pending_age_s": 500.0, "newest_taken_ms": 1_000_000}
+    assert backlog == {"pending_files": 2, "oldest_pending_age_s": 500.0}  # b (half read) and c (not yet seen)
 
 
 def test_stop_ends_the_process_group(data_dir, fake_job):

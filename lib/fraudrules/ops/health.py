@@ -4,7 +4,7 @@
 - runner: what runs the job — locally the process of the pid file the supervisor (`tools/supervisor.py`)
   writes, on Databricks the job's active run (observed by the DAG, handed in as facts);
 - latency: the p99 alert latency of recent batches, over a threshold or rising;
-- lag: landing files newer than the newest file the evaluate query has taken (its file-source log).
+- lag: landing files the evaluate query has not read to the end (its source's ledger and committed offsets).
 
 `judge` turns these into flags and one recommended action, the same rules for both DAG targets: "start" (not
 running), "restart" (running but no batch committed for `stale_after_s` while input waits - its own generator,
@@ -89,32 +89,19 @@ def heartbeat(data_dir: str, recent: int = 20, now: float | None = None) -> dict
 
 
 def lag(data_dir: str, now: float | None = None) -> dict:
-    """Landing files the evaluate query has not taken yet (by modification time), and the oldest one's age."""
+    """Landing files the evaluate query has not read to the end yet, and the oldest one's age (by modification
+    time)."""
+    from fraudrules.engine.lines import unread
+
     now = time.time() if now is None else now
     cfg = JobConfig(data_dir=data_dir)
-    landing, sources = Path(cfg.landing), Path(cfg.checkpoint(EVALUATE_QUERY)) / "sources" / "0"
-    out = {"pending_files": 0, "oldest_pending_age_s": None, "newest_taken_ms": None}
-    if not landing.is_dir():
+    out: dict = {"pending_files": 0, "oldest_pending_age_s": None}
+    if not Path(cfg.landing).is_dir():
         return out
-    newest_taken = -1
-    logs = sorted(
-        (p for p in sources.glob("*") if p.name.split(".")[0].isdigit()), key=lambda p: int(p.name.split(".")[0])
-    )
-    if logs:  # the file-source log of the newest batch (a .compact file holds every batch up to it)
-        for line in logs[-1].read_text().splitlines()[1:]:
-            if line.strip():
-                newest_taken = max(newest_taken, int(json.loads(line).get("timestamp", -1)))
-    pending = []
-    with os.scandir(landing) as entries:
-        for entry in entries:
-            if entry.is_file() and not entry.name.startswith("."):
-                mtime_ms = int(entry.stat().st_mtime * 1000)
-                if mtime_ms > newest_taken:
-                    pending.append(mtime_ms)
+    pending = unread(cfg.landing, cfg.checkpoint(EVALUATE_QUERY))
     out["pending_files"] = len(pending)
-    out["newest_taken_ms"] = newest_taken if newest_taken >= 0 else None
     if pending:
-        out["oldest_pending_age_s"] = round(now - min(pending) / 1000, 3)
+        out["oldest_pending_age_s"] = round(now - min(e.mtime_ms for e in pending) / 1000, 3)
     return out
 
 
