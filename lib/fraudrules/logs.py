@@ -101,11 +101,9 @@ def quiet_driver_threads(spark: Any) -> None:
     once (`failures`)."""
     if not quiet():
         return
-    import py4j
-
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
-    home = os.path.dirname(py4j.__file__)
-    logging.getLogger().addFilter(lambda record: not record.pathname.startswith(home))
+    py4j = f"{os.sep}py4j{os.sep}"
+    logging.getLogger().addFilter(lambda record: py4j not in record.pathname)
     server = getattr(spark.sparkContext, "_accumulatorServer", None)
     if server is not None:
         server.handle_error = lambda *_: None  # socketserver's own prints the traceback
