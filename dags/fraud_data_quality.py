@@ -88,7 +88,7 @@ def fraud_data_quality():
         from fraudrules.session import get_spark
 
         cfg = config_from({"data_dir": where["data_dir"], **engine})
-        spark = get_spark("fraudrules-quality", short_lived=True)
+        spark = get_spark("fraudrules-quality", short_lived=True, cfg=cfg)
         try:
             report = quality.run(spark, cfg, where["dq_dir"], max_age_minutes=float(engine["max_age_minutes"]))
         finally:

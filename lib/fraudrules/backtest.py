@@ -88,11 +88,10 @@ def run(
     running = job.start(spark, cfg, printer=None, names=names)
     running.wait()
     seconds = time.time() - started
-    late = tables.arrow(spark, cfg, "late_events", ["kind", "transactionId", "userId", "eventTimeMs"])
-    per_rule, shadow = _per_rule(spark, cfg, "alerts"), _per_rule(spark, cfg, "shadow_alerts")
-    n_transactions, n_logins, quarantined = (
-        tables.count(spark, cfg, t) for t in ("transactions", "logins", "quarantine")
-    )
+    writer = tables.writer(spark, cfg)
+    late = writer.arrow("late_events", ["kind", "transactionId", "userId", "eventTimeMs"])
+    per_rule, shadow = _per_rule(writer, "alerts"), _per_rule(writer, "shadow_alerts")
+    n_transactions, n_logins, quarantined = (writer.count(t) for t in ("transactions", "logins", "quarantine"))
     return BacktestResult(
         transactions=n_transactions,
         logins=n_logins,
@@ -106,8 +105,8 @@ def run(
     )
 
 
-def _per_rule(spark: SparkSession, cfg: JobConfig, table: str) -> dict[int, int]:
-    counts = tables.arrow(spark, cfg, table, ["ruleId"]).group_by("ruleId").aggregate([([], "count_all")])
+def _per_rule(writer: tables.TableWriter, table: str) -> dict[int, int]:
+    counts = writer.arrow(table, ["ruleId"]).group_by("ruleId").aggregate([([], "count_all")])
     return dict(zip(counts.column("ruleId").to_pylist(), counts.column("count_all").to_pylist(), strict=True))
 
 
@@ -115,7 +114,7 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value, and
     `eventTime` as an ISO timestamp beside the exact `eventTimeMs`."""
     order = [(c, "ascending", "at_start") for c in ("ruleId", "transactionId", "userId", "eventTimeMs")]
-    rows = tables.arrow(spark, cfg, "alerts", ALERT_FIELDS).sort_by(order)  # nulls first, as Spark sorts
+    rows = tables.writer(spark, cfg).arrow("alerts", ALERT_FIELDS).sort_by(order)  # nulls first, as Spark sorts
     n = 0
     with open(out, "w", encoding="utf-8") as fh:
         for batch in rows.to_batches(max_chunksize=WRITE_ROWS):  # Python objects for a slice at a time

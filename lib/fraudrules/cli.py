@@ -134,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     generate = args.rate > 0 and not args.no_generator
     started = time.monotonic()
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
-        spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+        spark = get_spark(cfg=cfg)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     stop = run.Stop()
     stop.starting = "the tables are ready"
@@ -205,7 +205,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.data_dir is None or args.fresh:
         shutil.rmtree(work, ignore_errors=True)
     cfg = job_config(args, data_dir=work)
-    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions, short_lived=True)
+    spark = get_spark(short_lived=True, cfg=cfg)
     result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = backtest.write_alerts(spark, cfg, args.out)
@@ -221,7 +221,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from fraudrules import tables
     from fraudrules.session import get_spark
 
-    spark = get_spark(short_lived=True)
+    spark = get_spark(short_lived=True, cfg=cfg)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = tables.export_jsonl(spark, cfg, args.table, args.out)
     print(f"wrote {n:,} rows of {args.table} to {args.out}")
@@ -280,7 +280,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from fraudrules import tables
     from fraudrules.session import get_spark
 
-    spark = get_spark("fraudrules-rules", short_lived=True)
+    spark = get_spark("fraudrules-rules", short_lived=True, cfg=cfg)
     tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
     try:
         if args.action == "compare":
@@ -357,7 +357,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
 
     cfg = job_config(args)
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
-    spark = get_spark("fraudrules-quality", short_lived=True)
+    spark = get_spark("fraudrules-quality", short_lived=True, cfg=cfg)
     try:
         report = quality.run(spark, cfg, dq_dir, max_age_minutes=args.max_age_minutes)
     finally:

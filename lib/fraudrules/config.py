@@ -93,6 +93,12 @@ class JobConfig:
             return f"{self.catalog}.{self.schema}.{name}"
         return os.path.abspath(os.path.join(self.data_dir, "tables", name))
 
+    @property
+    def local_catalog(self) -> str | None:
+        """Catalog tables outside Databricks: the folder of the local session's catalog (a Hive metastore and its
+        warehouse), so that they outlive the JVM as Unity Catalog's do."""
+        return os.path.abspath(os.path.join(self.data_dir, "catalog")) if self.uses_catalog else None
+
     def checkpoint(self, query: str) -> str:
         root = self.checkpoint_root or os.path.join(self.data_dir, "checkpoints")
         return os.path.abspath(os.path.join(root, query))

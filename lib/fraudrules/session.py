@@ -102,11 +102,24 @@ def local_fs_options(master: str) -> dict[str, str]:
     return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
 
 
-def jvm_options(short_lived: bool) -> str:
+def local_catalog_options(folder: str) -> dict[str, str]:
+    """A local session's catalog in `folder`, for catalog tables (`catalog`/`schema` set) outside Databricks: a
+    Hive metastore (embedded Derby) and a warehouse, kept across JVMs as Unity Catalog keeps a cluster's tables."""
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": os.path.join(folder, "warehouse"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={folder}/metastore_db;create=true",
+    }
+
+
+def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
     """The local driver JVM's options: logging, the class-data archive (when there is one; an archive that
-    does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived commands."""
+    does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived commands,
+    Derby's home (its log) in the local catalog's folder."""
     archive = os.path.join(jars_folder(), CLASS_ARCHIVE)
     options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
+    if catalog:
+        options.append(f"-Dderby.system.home={catalog}")
     if os.environ.get(TRAIN_ENV):
         options.append(f"-XX:ArchiveClassesAtExit={archive}")
     elif os.path.exists(archive):
@@ -117,10 +130,16 @@ def jvm_options(short_lived: bool) -> str:
 
 
 def get_spark(
-    app: str = "fraudrules", shuffle_partitions: int = JobConfig.shuffle_partitions, short_lived: bool = False
+    app: str = "fraudrules",
+    shuffle_partitions: int = JobConfig.shuffle_partitions,
+    short_lived: bool = False,
+    cfg: JobConfig | None = None,
 ) -> SparkSession:
     """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
-    that ends within minutes (local JVM tuned to start fast, see above), not the continuous job."""
+    that ends within minutes (local JVM tuned to start fast, see above), not the continuous job. `cfg`: the job's
+    configuration (its shuffle partitions; a local catalog for its catalog tables)."""
+    catalog = cfg.local_catalog if cfg else None
+    shuffle_partitions = cfg.shuffle_partitions if cfg else shuffle_partitions
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -150,8 +169,10 @@ def get_spark(
             .config("spark.scheduler.allocation.file", str(resources.files("fraudrules").joinpath(POOLS)))
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
-            .config("spark.driver.extraJavaOptions", jvm_options(short_lived))  # logs quiet from its first line
+            .config("spark.driver.extraJavaOptions", jvm_options(short_lived, catalog))  # quiet from its first line
         )
+        for key, value in local_catalog_options(catalog).items() if catalog else ():
+            builder = builder.config(key, value)
         new_jvm = SparkContext._gateway is None
         if new_jvm:  # a class path is the JVM's from its launch: only for a new one
             for key, value in local_fs_options(master).items():

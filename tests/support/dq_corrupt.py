@@ -66,11 +66,12 @@ def corrupt(src: str, dst: str) -> dict:
         wrong_side("shadow_alerts")
         duplicate = tables.read(spark, cfg, "transactions").orderBy("transactionId").limit(1)
         tx_id = duplicate.first().transactionId
-        tables.append(duplicate, cfg, "transactions")
+        writer = tables.writer(spark, cfg)
+        writer.append("transactions", duplicate.toArrow())
 
         login = tables.read(spark, cfg, "logins").orderBy("srcPos").limit(1)
         bad_ip = login.withColumn("ipAddress", F.lit("999.1.2.3")).withColumn("srcPos", F.lit(10**9).cast("long"))
-        tables.append(login.unionByName(bad_ip), cfg, "logins")
+        writer.append("logins", login.unionByName(bad_ip).toArrow())
 
         DeltaTable.forPath(spark, cfg.table("quarantine")).update(
             condition=F.col("reason") == "missing payeeId", set={"reason": F.lit("payee went fishing")}
@@ -80,7 +81,7 @@ def corrupt(src: str, dst: str) -> dict:
             "kind string, transactionId long, userId long, ruleId int, ruleVersion long, key string, "
             "eventTimeMs long, watermarkMs long, reason string, batchId long",
         ).withColumn("detectedAt", F.current_timestamp())
-        tables.append(late, cfg, "late_events")
+        writer.append("late_events", late.toArrow())
 
         rewrite_rule(STALE_RULE, windowMinutes=1)
         rewrite_rule(PAUSED_RULE, ruleState="PAUSE")

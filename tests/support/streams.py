@@ -18,7 +18,15 @@ class FileStream:
     """A running job whose landing folder the test fills one file (= one micro-batch) at a time."""
 
     def __init__(
-        self, spark, data_dir: str, rules: list[Rule], lateness_ms: int = 60_000, shards: int = 4, logins: bool = False
+        self,
+        spark,
+        data_dir: str,
+        rules: list[Rule],
+        lateness_ms: int = 60_000,
+        shards: int = 4,
+        logins: bool = False,
+        catalog: str | None = None,
+        schema: str | None = None,
     ):
         self.spark = spark
         # every file waits for the background queries' next trigger: 0.5 s apart here, not the job's 5 s
@@ -28,6 +36,8 @@ class FileStream:
             lateness_ms=lateness_ms,
             logins=logins,
             background_trigger_seconds=0.5,
+            catalog=catalog,
+            schema=schema,
         )
         os.makedirs(self.cfg.landing, exist_ok=True)
         os.makedirs(self.cfg.logins_landing, exist_ok=True)

@@ -257,7 +257,7 @@ def _rows_written(metrics: Mapping[str, str]) -> str:
 
 
 def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> pd.DataFrame:
-    """Rows a query appended to a table, per micro-batch (from the commits' batch markers, see tables.Ledger)."""
+    """Rows a query appended to a table, per micro-batch (from the commits' notes, see tables.Txn)."""
     import pandas as pd
 
     history = tables.delta(spark, cfg, table).history().select("userMetadata", "operationMetrics").collect()

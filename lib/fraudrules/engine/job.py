@@ -28,7 +28,7 @@ from fraudrules.config import (
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, inputs
+from fraudrules.engine import ingest, inputs, tws_input
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
 from fraudrules.engine.progress import say
@@ -187,6 +187,8 @@ def start(
     by default `query_names(cfg)`)."""
     tables.ensure(spark, cfg)
     names = names or query_names(cfg)
+    if printer and (note := tws_input.notice()):
+        printer(note)
     queries, committers = {}, []
     for name in names:
         df, sink = query(spark, cfg, name, printer)
