@@ -1,6 +1,7 @@
 """`dag.test()` of fraud_data_quality (target local) on the tables and state of a real backtest: passes, and Data
-Docs keep every run, each validation page naming its table and Delta version; on a copy corrupted one way per
-suite it fails naming each broken expectation (and the failure notifier records it)."""
+Docs keep every run, each validation page naming its table and Delta version; `make dq` (tools/dq_local.py) prints
+the run's short summary and the offline page lists every run; on a copy corrupted one way per suite it fails naming
+each broken expectation (and the failure notifier records it)."""
 
 from __future__ import annotations
 
@@ -80,17 +81,9 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
     docs = backtest_data / "dq" / "docs"
     assert result["docs_index"] == str(docs / "index.html")
 
-    again = subprocess.run(  # a second run, from the command line, on the same data
-        [
-            str(JOB_PYTHON),
-            "-m",
-            "fraudrules.cli",
-            "quality",
-            "--data-dir",
-            str(backtest_data),
-            "--max-age-minutes",
-            str(CONF["max_age_minutes"]),
-        ],
+    again = subprocess.run(  # a second run, as `make dq` runs it: `airflow dags test`, then the summary
+        [str(JOB_PYTHON), "-m", "tools.dq_local", "--data-dir", str(backtest_data), "--conf", json.dumps(CONF)],
+        cwd=str(REPO),
         env=job_env(),
         capture_output=True,
         text=True,
@@ -98,6 +91,18 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
         check=False,
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    lines = again.stdout.splitlines()
+    assert re.fullmatch(r"data quality passed: \d+ expectations on 9 tables and states \(run \w+\)", lines[1]), lines
+    read = {line.split()[0]: line.split(maxsplit=1)[1] for line in lines[2:11]}
+    assert set(read) == SUITES and re.match(r"Delta version \d+ +\d+ passed$", read["alerts"]), read
+    assert re.match(r"batch \d+ +\d+ passed$", read["window_state"]), read
+    page = docs / "summary.html"
+    assert f"every run, readable offline: {page}" in lines and len(lines) == 14, lines
+    assert again.stderr == "" and "Traceback" not in again.stdout and "\x1b[" not in again.stdout
+    offline = page.read_text()
+    assert "<script" not in offline and "http" not in offline and offline.count("<h2>run ") == 2
+    links = re.findall(r'href="([^"]+)"', offline)
+    assert len(links) == 2 * len(SUITES) and all((docs / link).is_file() for link in links)
     for suite in SUITES:  # one validation page per run, named by what it read
         pages = sorted((docs / "validations" / suite).glob("*/*/*.html"))
         assert len(pages) == 2, (suite, pages)
