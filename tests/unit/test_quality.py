@@ -77,6 +77,7 @@ def test_every_expectation_states_its_invariant_and_cross_table_checks_are_queri
         ("shadow_alerts", "satisfies_rule"),
         ("rules", "newest_version"),
         ("window_state", "rule_active"),
+        ("window_state", "keyed"),
         ("login_state", "within_window"),
         ("login_state", "started_by_failure"),
     } <= checks
