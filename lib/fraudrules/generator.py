@@ -105,8 +105,10 @@ class PacedWriter(threading.Thread):
     """Emits `rate` events per second in ticks of `tick_s`, stamping ingestionTimestamp; subclasses
     say where a tick's events go (`emit`) and what to do at the end (`close`).
 
-    With `realtime`, the event's time field is the wall clock as well (the `make run` demo);
-    otherwise the workload's own event times are kept (benchmarks).
+    With `realtime`, the event's time field is the wall clock as well (the `make run` demo), the events of a tick
+    spread over the tick's interval as a paced stream would have them: each at its own millisecond while a tick
+    holds no more events than milliseconds (two logins of one user from one IP at one moment would be a duplicate
+    event); otherwise the workload's own event times are kept (benchmarks).
     """
 
     def __init__(
@@ -146,10 +148,10 @@ class PacedWriter(threading.Thread):
                 rows = list(itertools.islice(self.events, max(0, due)))
                 if due > 0 and not rows:
                     break  # the workload is exhausted
-                for event in rows:
+                for k, event in enumerate(rows):
                     event["ingestionTimestamp"] = now
                     if self.realtime:
-                        event[self.time_field] = now
+                        event[self.time_field] = now - (len(rows) - 1 - k) * int(self.tick_s * 1000) // len(rows)
                 if rows:
                     self.emit(rows, now, tick)
                     self.written += len(rows)
