@@ -108,7 +108,8 @@ def aggregate_text(rule: Rule) -> str:
 
 def window_message(rule: Rule, key_json: str, aggregate: str) -> str:
     """An alert's message: `SUM(paymentAmount) over 1 min for payeeId=4, beneficiaryId=36 = 72,999.92, limit >
-    40,000.00`; a value rounded for display is marked `~`."""
+    40,000.00`; a value rounded for display says so (`AVG(...) = 3,012.35 (rounded)`: the stored aggregate is
+    exact)."""
     return window_messages(rule, [key_json], [aggregate])[0]
 
 
@@ -121,8 +122,8 @@ def window_messages(rule: Rule, keys: list[str], aggregates: list[str]) -> list[
     for key_json, aggregate in zip(keys, aggregates, strict=True):
         value = Decimal(aggregate)
         shown = number(value, places)
-        approx = "~" if value != Decimal(shown.replace(",", "")) else ""
-        out.append(f"{head}{key_label(key_json)} = {approx}{shown}{tail}")
+        rounded = " (rounded)" if value != Decimal(shown.replace(",", "")) else ""
+        out.append(f"{head}{key_label(key_json)} = {shown}{rounded}{tail}")
     return out
 
 
