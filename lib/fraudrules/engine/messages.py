@@ -56,15 +56,18 @@ def iso_time(ms: int | float | None) -> str:
 
 
 def duration_text(ms: float | None) -> str:
-    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s` (`-` for none)."""
+    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s`, `3 h 20 min` (`-` for none)."""
     if ms is None or ms != ms:  # None or NaN
         return "-"
     if ms < 1_000:
         return f"{ms:,.0f} ms"
     if ms < 60_000:
         return f"{ms / 1000:,.1f} s"
-    minutes, rest = divmod(ms / 1000, 60)
-    return f"{minutes:.0f} min {rest:.0f} s"
+    if ms < 3_600_000:
+        minutes, rest = divmod(round(ms / 1000), 60)
+        return f"{minutes} min {rest} s"
+    hours, rest = divmod(round(ms / 60_000), 60)
+    return f"{hours:,} h {rest} min"
 
 
 def aggregate_places(rule: Rule) -> int:
