@@ -325,10 +325,9 @@ def alerts_in(
     return rows if len(rows) else _empty()
 
 
-def live_vs_shadow(spark: SparkSession, cfg: JobConfig, shadow_id: int, bucket_ms: int = 60_000) -> pd.DataFrame:
-    """Alerts per event-time bucket of the shadow rule and its live rule over their common batches:
+def live_vs_shadow(c: Comparison, bucket_ms: int = 60_000) -> pd.DataFrame:
+    """Alerts per event-time bucket of a comparison's shadow rule and live rule over their common batches:
     columns bucket (timestamp), live, shadow (for `plots.plot_live_vs_shadow`)."""
-    c = compare(spark, cfg, shadow_id)
     both = _sides(c.alerts["live"], c.alerts["shadow"])
     both["bucket"] = pd.to_datetime(both["eventTimeMs"].astype("int64") // bucket_ms * bucket_ms, unit="ms", utc=True)
     return _per_side(both, "bucket")
