@@ -105,10 +105,11 @@ class PacedWriter(threading.Thread):
     """Emits `rate` events per second in ticks of `tick_s`, stamping ingestionTimestamp; subclasses
     say where a tick's events go (`emit`) and what to do at the end (`close`).
 
-    With `realtime`, the event's time field is the wall clock as well (the `make run` demo), the events of a tick
-    spread over the tick's interval as a paced stream would have them: each at its own millisecond while a tick
-    holds no more events than milliseconds (two logins of one user from one IP at one moment would be a duplicate
-    event); otherwise the workload's own event times are kept (benchmarks).
+    With `realtime`, the event's time field is the wall clock as well (the `make run` demo): the moment the paced
+    stream was due to produce the event, its tick's events spread over the tick's interval. Times then increase
+    strictly, each event at its own millisecond, for up to 1,000 events a second, even when the writer falls
+    behind and catches up in quick ticks (stamping a tick's events with one moment made two logins of one user
+    from one IP identical events); otherwise the workload's own event times are kept (benchmarks).
     """
 
     def __init__(
@@ -138,6 +139,7 @@ class PacedWriter(threading.Thread):
 
     def run(self) -> None:
         started, tick = time.time(), 0
+        tick_ms = int(self.tick_s * 1000)
         try:
             while not self._halt.is_set() and (self.limit is None or self.written < self.limit):
                 tick += 1
@@ -148,10 +150,11 @@ class PacedWriter(threading.Thread):
                 rows = list(itertools.islice(self.events, max(0, due)))
                 if due > 0 and not rows:
                     break  # the workload is exhausted
+                due_from = int(started * 1000) + (tick - 2) * tick_ms  # the tick's events were due by now
                 for k, event in enumerate(rows):
                     event["ingestionTimestamp"] = now
                     if self.realtime:
-                        event[self.time_field] = now - (len(rows) - 1 - k) * int(self.tick_s * 1000) // len(rows)
+                        event[self.time_field] = due_from + (k + 1) * tick_ms // len(rows)
                 if rows:
                     self.emit(rows, now, tick)
                     self.written += len(rows)
