@@ -98,7 +98,7 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
     assert set(read) == SUITES and re.match(r"Delta version \d+ +\d+ passed$", read["alerts"]), read
     assert re.match(r"batch \d+ +\d+ passed$", read["window_state"]), read
     page = docs / "summary.html"
-    assert f"every run, readable offline: {page}" in lines and len(lines) == 14, lines
+    assert f"recent runs, readable offline: {page}" in lines and len(lines) == 14, lines
     assert again.stderr == "" and "Traceback" not in again.stdout and "\x1b[" not in again.stdout
     offline = page.read_text()
     assert "<script" not in offline and "http" not in offline and offline.count("<h2>run ") == 2

@@ -152,7 +152,7 @@ def test_the_summary_says_per_table_what_was_read_and_its_checks_and_reads_back_
         "  window_state  batch 7             1 passed",
         "failed checks:",
         "  transactions: expect_column_values_to_be_unique(transactionId) - 2 of 3001 rows unexpected",
-        "every run, readable offline: /d/dq/docs/summary.html",
+        "recent runs, readable offline: /d/dq/docs/summary.html",
         "report: /d/dq/reports/r2.json",
     ]
     again = QualityReport.from_json(json.loads(json.dumps(report.to_json(), default=str)))

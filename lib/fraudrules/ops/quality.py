@@ -9,7 +9,7 @@ batch), and runs the checkpoint.
 
 A run that cannot find what it is asked to check (a table, a query's state) fails with that reason before
 validating anything: it never passes on nothing. `fraudrules quality` exits 1 naming every failed expectation.
-Every run's report is kept in `<dq_dir>/reports`, and `<dq_dir>/docs/summary.html` shows them all offline.
+Every run's report is kept in `<dq_dir>/reports`; `<dq_dir>/docs/summary.html` shows the newest ones offline.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fraudrules.ops.report import QualityReport, missing, outcomes, summary_page
 CHECKPOINT = "fraudrules"
 SITE = "fraudrules"
 SUMMARY_PAGE = "summary.html"  # beside GX's index.html in <dq_dir>/docs
+SUMMARY_RUNS = 200  # the newest runs on it: an hourly check keeps thousands of reports a year
 CLOCK_SKEW_MS = 5 * 60_000  # timestamps may be this far ahead of the checking machine's clock
 JOB_FIELDS = ("data_dir", "catalog", "schema", "checkpoint_root", "shards", "shuffle_partitions", "lateness_ms")
 
@@ -133,9 +134,11 @@ def _saved(report: QualityReport, dq_dir: str) -> QualityReport:
 
 
 def publish_summary(dq_dir: str) -> Path:
-    """`<dq_dir>/docs/summary.html`: every kept report, newest first, linked to its GX validation pages."""
+    """`<dq_dir>/docs/summary.html`: the newest `SUMMARY_RUNS` reports, newest first, linked to their GX
+    validation pages."""
     docs = Path(dq_dir) / "docs"
-    saved = sorted((Path(dq_dir) / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    found = sorted((Path(dq_dir) / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    saved = found[:SUMMARY_RUNS]
     reports = [QualityReport.from_json(json.loads(p.read_text())) for p in saved]
     pages = {
         (r.run_id, table): str(page.relative_to(docs))

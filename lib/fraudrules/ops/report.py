@@ -2,9 +2,9 @@
 
 Built from Great Expectations' validation results (`outcomes`); the report's message names every failed
 expectation and its table, which is what the DAG fails with. `summary_lines` is what `fraudrules quality` and
-`make dq` print: per table what was read and its checks passed and failed. `summary_page` is the same for every
-run kept, as one HTML page without scripts or styles from the internet (GX's own Data Docs index loads its table
-from CDNs and shows nothing offline).
+`make dq` print: per table what was read and its checks passed and failed. `summary_page` is the same for the
+newest runs, as one HTML page without scripts or styles from the internet (GX's own Data Docs index loads its
+table from CDNs and shows nothing offline).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class QualityReport:
     notes: list[str] = field(default_factory=list)
     path: str | None = None  # where the whole report (to_json) was written
     version: dict[str, str] = field(default_factory=dict)  # table -> its pin: "Delta version N" or "batch N"
-    summary_page: str | None = None  # every run kept, readable offline (`summary_page`)
+    summary_page: str | None = None  # the newest runs, readable offline (`summary_page`)
 
     @property
     def failures(self) -> list[Outcome]:
@@ -104,7 +104,7 @@ class QualityReport:
         if self.docs_index:
             lines.append(f"Data Docs: {self.docs_index} (GX's pages; the index loads its table from the internet)")
         if self.summary_page:
-            lines.append(f"every run, readable offline: {self.summary_page}")
+            lines.append(f"recent runs, readable offline: {self.summary_page}")
         if self.path:
             lines.append(f"report: {self.path}")
         return lines
@@ -215,8 +215,8 @@ PAGE_STYLE = (
 
 
 def summary_page(reports: Sequence[QualityReport], pages: Mapping[tuple[str, str], str]) -> str:
-    """Every run (newest first) as one self-contained HTML page: verdict, per table what was read, checks passed
-    and failed with a link to its GX validation page (`pages`: (run, table) -> relative link), failed checks."""
+    """Runs (newest first) as one self-contained HTML page: verdict, per table what was read, checks passed and
+    failed with a link to its GX validation page (`pages`: (run, table) -> relative link), failed checks."""
     e = html.escape
     body = [f"<h1>Data quality: {len(reports)} run(s), newest first</h1>"]
     for r in reports:
