@@ -128,11 +128,13 @@ def batch_range(
 def batch_period(
     committed: list[tuple[int, int]], batches: tuple[int, int | None], start_ms: int
 ) -> tuple[int, int] | None:
-    """When the micro-batches [first, end) ran (ms): from `start_ms` (`period_start`, within the first of them)
-    to the commit of the last; None when none of them is committed yet."""
+    """When the input of the micro-batches [first, end) arrived and they ran (ms): from the commit of the batch
+    before the first (its input is what came after), else `start_ms` (`period_start`, within the first), to the
+    commit of the last; None when none of them is committed yet."""
     first, end = batches
     last = max((t for b, t in committed if b >= first and (end is None or b < end)), default=None)
-    return None if last is None else (min(start_ms, last), last)
+    before = max((t for b, t in committed if b < first), default=start_ms)
+    return None if last is None else (min(before, last), last)
 
 
 # ------------------------------------------------------------------------------------------ the comparison
@@ -151,6 +153,7 @@ class Comparison:
     alerts: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)  # "live", "shadow": what was compared
     window: tuple[int, int] | None = None  # when the compared micro-batches ran, ms (`batch_period`)
     rules: dict[str, str] = field(default_factory=dict)  # "live", "shadow": what each checks
+    evaluated: tuple[int, str] | None = None  # what the compared batches evaluated: (count, "transactions")
 
     def rates(self) -> dict[str, float] | None:
         """Alerts per hour of the period the compared micro-batches ran; None before one is committed."""
@@ -172,6 +175,10 @@ class Comparison:
             if rates is not None and self.window is not None
             else "alert rate: no compared micro-batch has run yet"
         )
+        if self.evaluated:  # a rate that a backlog taken in one batch does not distort
+            n, unit = self.evaluated
+            per = {side: self.counts[side] * 1000 / n if n else 0.0 for side in ("live", "shadow")}
+            rate += f"; per 1,000 of the {n:,} {unit} evaluated: live {per['live']:,.1f}, shadow {per['shadow']:,.1f}"
         out = [
             f"shadow rule {self.shadow_id} vs {live}, {batches} "
             f"(event time {iso_time(self.period[0])} … {iso_time(self.period[1])})",
@@ -270,13 +277,14 @@ def compare(
         if switch_ms is not None:
             run = replace(run, ended_ms=switch_ms)
     query = LOGINS_QUERY if run.rule_type == LOGIN_RULE else EVALUATE_QUERY
-    committed = [
-        (int(r.batchId), int(r.t))
-        for r in tables.read(spark, cfg, "batches")
+    unit, counted = ("login events", "inputRows") if query == LOGINS_QUERY else ("transactions", "transactions")
+    beats = (
+        tables.read(spark, cfg, "batches")
         .where(F.col("query") == query)
-        .select("batchId", (F.unix_millis("committedAt")).alias("t"))
+        .select("batchId", (F.unix_millis("committedAt")).alias("t"), F.col(counted).alias("n"))
         .collect()
-    ]
+    )
+    committed = [(int(r.batchId), int(r.t)) for r in beats]
     since_ms = _ms(since) if since else None
     until_ms = _ms(until) if until else None
     first, end = batch_range(run, first_ms, committed, since_ms, until_ms)
@@ -290,7 +298,10 @@ def compare(
     if run.ended_by:
         notes.append(f"(the shadow run ended with change {run.ended_by!r}, in force at {iso_time(run.ended_ms)})")
     window = batch_period(committed, (first, end), period_start(run, first_ms, since_ms))
-    return Comparison(shadow_id, run.live_id, (first, end), notes=notes, window=window, rules=rules, **result)
+    n = sum(int(r.n or 0) for r in beats if r.batchId >= first and (end is None or r.batchId < end))
+    return Comparison(
+        shadow_id, run.live_id, (first, end), notes=notes, window=window, rules=rules, evaluated=(n, unit), **result
+    )
 
 
 def _definition(history: list[dict], version: int) -> str:

@@ -82,7 +82,7 @@ def heartbeat(data_dir: str, recent: int = 20, now: float | None = None) -> dict
         batches=len(df),
         last_batch_id=int(last["batchId"]),
         last_commit_ms=commit_ms,
-        age_s=round(now - commit_ms / 1000, 3),
+        age_s=round(max(0.0, now - commit_ms / 1000), 3),  # committed while this looked: 0 s old
         watermark_ms=int(wm.iloc[-1]) if len(wm) else None,
         p99_ms=[float(v) for v in df["latencyP99Ms"].dropna().tail(recent)],
     )
