@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from fraudrules.generator import LoginWorkload, RateWriter
+from fraudrules.generator import LoginWorkload, RateWriter, Workload, write_jsonl
 
 
 def test_realtime_logins_are_never_identical_events(tmp_path):
@@ -45,3 +45,12 @@ def _stalled() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(interval)
+
+
+def test_files_are_modified_in_the_order_written(tmp_path):
+    """The file source takes files in modification-time order: 50 files written within a few milliseconds each get
+    their own, rising millisecond, so a replay one file per micro-batch never takes a later file first."""
+    write_jsonl(str(tmp_path), Workload(count=500).transactions(), per_file=10)
+    files = sorted(tmp_path.glob("part-*.json"))
+    modified = [f.stat().st_mtime_ns // 1_000_000 for f in files]
+    assert len(files) == 50 and all(a < b for a, b in itertools.pairwise(modified))
