@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from fraudrules import tables
-from fraudrules.config import RULES_QUERY, JobConfig
-from fraudrules.engine import job
+from fraudrules.config import EVALUATE_QUERY, RULES_QUERY, JobConfig
+from fraudrules.engine import job, state
 from fraudrules.engine.messages import iso_time
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
@@ -103,6 +104,12 @@ def run(
         per_rule=per_rule,
         shadow_per_rule=shadow,
     )
+
+
+def discard(cfg: JobConfig) -> None:
+    """Remove a backtest's tables and checkpoints (its temporary data dir) and its local chunk cache."""
+    shutil.rmtree(cfg.data_dir, ignore_errors=True)
+    state.drop_cache(job.namespace(cfg, EVALUATE_QUERY))
 
 
 def _per_rule(writer: tables.TableWriter, table: str) -> dict[int, int]:

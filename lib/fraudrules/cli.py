@@ -1,7 +1,8 @@
 """`fraudrules` command line: argument parsing over the library (what a cluster or an operator runs).
 
-Arguments are checked before Spark starts: a missing or unreadable input, an output that cannot be written or
-an invalid value ends the command at once with a one-line error and exit status 2.
+Arguments are checked before Spark starts: a missing or unreadable input, an invalid rules file, an output that
+cannot be written, a data dir without the tables a command reads, missing Spark jars or an invalid value ends the
+command at once with a one-line error and exit status 2. Commands that only read never create a table.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import __version__, logs
 from fraudrules.config import TABLES, JobConfig, config_from, parse_options
 from fraudrules.paths import input_problem, is_remote, output_problem
+
+if TYPE_CHECKING:
+    from fraudrules.rules.model import RuleError
 
 PRODUCTION_RUN = "fraudrules run --no-generator --catalog C --schema S --checkpoint-root DIR [--kafka-bootstrap ...]"
 RULE_ACTIONS = ("put", "shadow", "promote", "compare", "pause", "activate", "delete", "list", "history", "export")
@@ -37,6 +41,13 @@ THRESHOLD_HELP = {
 
 class UsageError(Exception):
     """A command that cannot run as given: its message is printed on one line, the exit status is 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, naming the problem and where help is (not the whole usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -100,6 +111,49 @@ def file_problem(path: str | None, what: str = "--rules") -> str | None:
     return None if os.access(path, os.R_OK) else f"{what} {path}: file is not readable"
 
 
+def rule_error_text(err: RuleError) -> str:
+    """A RuleError for one line: the rule and its problems (a file that is no JSON, or a rule without a usable
+    ruleId, has its problem alone)."""
+    problems = "; ".join(err.problems)
+    return problems if err.rule_id is None else f"invalid rule {err.rule_id} ({problems})"
+
+
+def read_rules(path: str, what: str, state: str | None = None) -> list:
+    """The rules of a JSON file (`-`: stdin), every one valid; else a UsageError naming each problem (nothing is
+    used from a file with an invalid rule). `state` (SHADOW for `rules shadow`) replaces every rule's state."""
+    from fraudrules.rules.model import parse_rules_text
+
+    check(file_problem(path, what))
+    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"{what} {path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+        ) from None
+    rules, errors = parse_rules_text(text, state=state)
+    if errors:
+        raise UsageError(f"{what} {path}: " + "; ".join(rule_error_text(e) for e in errors))
+    if not rules:
+        raise UsageError(f"{what} {path}: no rules in it")
+    return rules
+
+
+def jars_missing() -> str | None:
+    """Why a local session cannot start: its Delta jars are not where they are looked for (one line)."""
+    from fraudrules.session import jars_problem, on_databricks
+
+    return None if on_databricks() else jars_problem()
+
+
+def spark_session(app: str = "fraudrules", **options: object):
+    """The Spark session of a command, once its jars are known to be there (else a one-line usage error)."""
+    from fraudrules.session import get_spark
+
+    check(jars_missing())
+    return get_spark(app, **options)
+
+
 def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
     """The JobConfig of the arguments; an inconsistent one (e.g. Kafka topics without a bootstrap) is a usage
     error."""
@@ -109,11 +163,28 @@ def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
         raise UsageError(str(err)) from None
 
 
-def table_problem(cfg: JobConfig, name: str) -> str | None:
-    """A local table that does not exist yet (catalog tables are checked by Spark)."""
-    if cfg.uses_catalog or is_remote(cfg.data_dir) or os.path.isdir(os.path.join(cfg.table(name), "_delta_log")):
+def data_dir_problem(cfg: JobConfig, tables: bool = True) -> str | None:
+    """A local data dir that does not exist (a mistyped --data-dir) or, with `tables`, holds no tables: a command
+    that only reads it must not create them (catalog and remote data dirs are checked by Spark)."""
+    where = os.path.abspath(cfg.data_dir)
+    if cfg.uses_catalog or is_remote(cfg.data_dir):
         return None
-    return f"no table {name} under {os.path.abspath(cfg.data_dir)}/tables (run the job first, e.g. `make run`)"
+    if not os.path.isdir(where):
+        return f"no data dir {where} (check --data-dir)"
+    if tables and not os.path.isdir(os.path.join(where, "tables")):
+        return f"no tables under {where} (run the job first, e.g. `make run`, or check --data-dir)"
+    return None
+
+
+def table_problem(cfg: JobConfig, *names: str) -> str | None:
+    """Local tables that do not exist: an error for a command that reads them, which never creates them."""
+    if cfg.uses_catalog or is_remote(cfg.data_dir):
+        return None
+    missing = [n for n in names if not os.path.isdir(os.path.join(cfg.table(n), "_delta_log"))]
+    if not missing:
+        return None
+    where = f"{os.path.abspath(cfg.data_dir)}/tables"
+    return data_dir_problem(cfg) or f"no table {', '.join(missing)} under {where} (run the job first, e.g. `make run`)"
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -121,20 +192,26 @@ def table_problem(cfg: JobConfig, name: str) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     sources = {"--transactions": args.transactions_source, "--logins": args.logins_source}
-    check(
-        file_problem(args.rules),
-        *(input_problem(path, flag, must_have_files=False) for flag, path in sources.items() if path),
-    )
+    check(*(input_problem(path, flag, must_have_files=False) for flag, path in sources.items() if path))
+    if args.rules:
+        read_rules(args.rules, "--rules")
     from fraudrules.engine import progress, run
     from fraudrules.generator import demo_writers, sample_rules_path
-    from fraudrules.session import get_spark, kafka_secret_options, on_databricks
+    from fraudrules.ops import health
+    from fraudrules.session import kafka_secret_options, on_databricks
 
     secrets = kafka_secret_options(args.kafka_secret_scope) if args.kafka_bootstrap else {}
     cfg = job_config(args, logins=True, kafka_options={**parse_options(args.kafka_option), **secrets})
+    check(jars_missing())
+    if not on_databricks() and not is_remote(cfg.data_dir):  # `status` knows the job by this, whoever started it
+        other = health.process(cfg.data_dir)
+        if other["alive"] and other["pid"] != os.getpid():
+            raise UsageError(f"a job already runs on {os.path.abspath(cfg.data_dir)}: process {other['pid']}")
+        health.register(cfg.data_dir, sys.argv)
     generate = args.rate > 0 and not args.no_generator
     started = time.monotonic()
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
-        spark = get_spark(cfg=cfg)
+        spark = spark_session(cfg=cfg)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     stop = run.Stop()
     stop.starting = "the tables are ready"
@@ -187,31 +264,28 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     check(
         input_problem(args.transactions_input, "--transactions") if args.transactions_input else None,
         input_problem(args.logins_input, "--logins") if args.logins_input else None,
-        file_problem(args.rules),
         output_problem(args.out, "--out"),
     )
-    from fraudrules.rules.model import parse_rules_text
-
-    rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"))
-    for err in errors:  # like the rules stream: invalid rules are reported, the valid ones still run
-        print(f"skipping invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
-    if not rules:
-        raise UsageError(f"--rules {args.rules}: no valid rules")
-
+    rules = read_rules(args.rules, "--rules")  # a rule left out would make a backtest that answers another question
     from fraudrules import backtest
-    from fraudrules.session import get_spark
 
-    work = args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-")
-    if args.data_dir is None or args.fresh:
-        shutil.rmtree(work, ignore_errors=True)
-    cfg = job_config(args, data_dir=work)
-    spark = get_spark(short_lived=True, cfg=cfg)
-    result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    n = backtest.write_alerts(spark, cfg, args.out)
+    if args.data_dir is not None and args.fresh:
+        shutil.rmtree(args.data_dir, ignore_errors=True)
+    cfg = job_config(args)  # checked before a temporary folder exists
+    cfg = cfg.with_(data_dir=args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-"))
+    try:
+        spark = spark_session(short_lived=True, cfg=cfg)
+        try:
+            result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            n = backtest.write_alerts(spark, cfg, args.out)
+        finally:
+            spark.stop()
+    finally:
+        if args.data_dir is None:  # its tables and checkpoints were only the means to the alerts
+            backtest.discard(cfg)
     print(result.summary())
-    print(f"wrote {n:,} alerts to {args.out} (tables in {work})")
-    spark.stop()
+    print(f"wrote {n:,} alerts to {args.out}" + (f" (tables in {cfg.data_dir})" if args.data_dir else ""))
     return 0
 
 
@@ -219,9 +293,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     cfg = job_config(args)
     check(output_problem(args.out, "--out"), table_problem(cfg, args.table))
     from fraudrules import tables
-    from fraudrules.session import get_spark
 
-    spark = get_spark(short_lived=True, cfg=cfg)
+    spark = spark_session(short_lived=True, cfg=cfg)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = tables.export_jsonl(spark, cfg, args.table, args.out)
     print(f"wrote {n:,} rows of {args.table} to {args.out}")
@@ -252,20 +325,18 @@ def rule_id(args: argparse.Namespace) -> int:
         raise UsageError(f"rules {args.action}: rule id {args.target!r} is not an integer") from None
 
 
+RULE_TABLES = ("rules", "rule_history", "rules_export")
+COMPARED_TABLES = ("alerts", "shadow_alerts", "rule_applied", "batches")
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
-    from fraudrules.rules.model import RuleError, parse_rules_text
+    from fraudrules.rules.model import RuleError
 
     changes, target, period = [], None, {}
     if args.action in ("put", "shadow"):
         if args.target is None:
             raise UsageError(f"rules {args.action} needs a rules file, or - to read them from stdin")
-        check(file_problem(args.target, f"rules {args.action}"))
-        text = sys.stdin.read() if args.target == "-" else Path(args.target).read_text(encoding="utf-8")
-        changes, errors = parse_rules_text(text, state="SHADOW" if args.action == "shadow" else None)
-        if errors:  # nothing is applied from a file with an invalid rule
-            for err in errors:
-                print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
-            return 2
+        changes = read_rules(args.target, f"rules {args.action}", "SHADOW" if args.action == "shadow" else None)
     elif args.action in ("pause", "activate", "delete", "history", "promote", "compare"):
         target = rule_id(args)
     if args.action == "compare":
@@ -276,31 +347,32 @@ def cmd_rules(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"rules compare: {err}") from None
     cfg = job_config(args)
+    if args.action not in ("put", "shadow"):  # only new rules may start a rules table
+        check(table_problem(cfg, *RULE_TABLES, *(COMPARED_TABLES if args.action == "compare" else ())))
 
     from fraudrules import tables
-    from fraudrules.session import get_spark
 
-    spark = get_spark("fraudrules-rules", short_lived=True, cfg=cfg)
-    tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
+    spark = spark_session("fraudrules-rules", short_lived=True, cfg=cfg)
     try:
         if args.action == "compare":
             lines = _compare(spark, cfg, int(target or 0), period, args.top)
         else:
+            if args.action not in ("list", "history"):
+                tables.ensure(spark, cfg, *RULE_TABLES)
             lines = _rules_action(spark, cfg, args.action, changes, target, args.author)
-        for line in lines:
-            print(line)
     except RuleError as err:
-        print(f"rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from None
     finally:
         spark.stop()
+    for line in lines:
+        print(line)
     return 0
 
 
 def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int | None, author: str) -> list[str]:
     from fraudrules.engine.messages import rule_text
     from fraudrules.rules import store
-    from fraudrules.rules.model import parse_rule
+    from fraudrules.rules.model import RuleError, parse_rule
 
     def describe(row: dict) -> str:
         rule = parse_rule(json.loads(row["ruleJson"]))
@@ -329,8 +401,11 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
             "no rules (add some with `fraudrules rules put FILE`)"
         ]
     if action == "history":
+        rows = store.history(spark, cfg, int(target or 0))
+        if not rows:
+            raise RuleError(target, ["no such rule"])
         out = []
-        for row in store.history(spark, cfg, int(target or 0)):
+        for row in rows:
             when = row["updatedAt"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["updatedAt"] else "-"
             who, change = row["updatedBy"], row["change"]
             out.append(f"v{row['version']:<4} {when} {who:<12} {change:<8} {row['ruleState']:<7} {describe(row)}")
@@ -339,10 +414,8 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
 
 
 def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> list[str]:
-    from fraudrules import tables
     from fraudrules.analyst import shadow
 
-    tables.ensure(spark, cfg, "alerts", "shadow_alerts", "rule_applied", "batches")
     return shadow.compare(spark, cfg, shadow_id, **period).lines(top)
 
 
@@ -352,12 +425,12 @@ def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> l
 def cmd_quality(args: argparse.Namespace) -> int:
     from fraudrules.ops import quality
 
-    check(output_problem(args.report, "--report") if args.report else None)
-    from fraudrules.session import get_spark, on_databricks
-
     cfg = job_config(args)
+    check(output_problem(args.report, "--report") if args.report else None, data_dir_problem(cfg))
+    from fraudrules.session import on_databricks
+
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
-    spark = get_spark("fraudrules-quality", short_lived=True, cfg=cfg)
+    spark = spark_session("fraudrules-quality", short_lived=True, cfg=cfg)
     try:
         report = quality.run(spark, cfg, dq_dir, max_age_minutes=args.max_age_minutes)
     finally:
@@ -366,10 +439,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report.to_json(), indent=2, default=str))
-    for note in report.notes:
-        print(note)
-    print(report.message())
-    print(f"Data Docs: {report.docs_index}")
+    for line in report.summary_lines():
+        print(line)
     return 0 if report.success else 1
 
 
@@ -383,6 +454,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         facts = json.loads(sys.stdin.read() if args.facts == "-" else Path(args.facts).read_text())
         out = health.judge_facts(facts, th)
     else:
+        check(data_dir_problem(JobConfig(data_dir=args.data_dir), tables=False))
         out = health.status(args.data_dir, th)
     print(json.dumps(out, default=str))
     return 0
@@ -520,6 +592,8 @@ def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
     bt.add_argument("--rules", required=True, metavar="FILE", help="rules: a JSON list (or one rule)")
     bt.add_argument("--out", required=True, metavar="FILE", help="where the alerts go, as JSON lines")
     bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a fresh temporary one)")
+    bt.add_argument("--catalog", help="with --schema: write catalog tables (as the bundle does) instead of paths")
+    bt.add_argument("--schema", help="with --catalog: the schema of its catalog tables")
     add_records_bound(bt)
     bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
     bt.set_defaults(func=cmd_backtest)
@@ -564,7 +638,7 @@ def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="fraudrules",
         description="Dynamic fraud rules on Spark Structured Streaming + Delta Lake: run the job, backtest rules "
         "over files, manage the rules, export tables, check data quality and health.",

@@ -1,8 +1,8 @@
 """Spark session: local Spark + Delta + RocksDB state store here, the cluster's session on Databricks.
 
-Locally the Delta and Kafka-connector jars come from the folder named by `FRAUDRULES_JARS` (the Makefile
-sets it to the repository's `.jars/spark`, which `make setup` fills with Maven), else from `.jars/spark`
-under the current directory.
+Locally the Delta and Kafka-connector jars come from the folder named by `FRAUDRULES_JARS`, else, for an
+editable install (`make setup`), from its repository's `.jars/spark`, which `make setup` fills with Maven: the
+same from any current folder. An installed wheel has no jars of its own: it needs `FRAUDRULES_JARS`.
 
 A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner
 (a process's first Delta read takes ~8 s here, later ones well under 1 s). Two remedies, both for local sessions:
@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import re
 import sys
-from importlib import resources
+from importlib import metadata, resources
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -32,7 +35,8 @@ from fraudrules.config import JobConfig
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
-DEFAULT_JARS = os.path.join(".jars", "spark")
+JARS_ENV = "FRAUDRULES_JARS"
+REQUIRED_JARS = ("delta-spark_", "delta-storage-")  # a local session cannot read or write a table without them
 DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
 # Hadoop's local file system without a forked `chmod` per created file (jvm/localfs), built by `make setup` into
 # the jars folder's driver/ (not a Spark jar: the driver's class path, where Hadoop looks file systems up)
@@ -77,17 +81,53 @@ def driver_memory() -> str:
     return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
 
 
-def jars_folder() -> str:
-    return os.path.abspath(os.environ.get("FRAUDRULES_JARS") or DEFAULT_JARS)
+def source_tree() -> Path | None:
+    """The repository of an editable install (`make setup`), as its record says (PEP 610: `direct_url.json`);
+    None for an installed wheel."""
+    try:
+        record = json.loads(metadata.distribution("fraudrules").read_text("direct_url.json") or "{}")
+    except metadata.PackageNotFoundError:
+        return None
+    url = urlparse(str(record.get("url", "")))
+    editable = bool(record.get("dir_info", {}).get("editable"))
+    return Path(unquote(url.path)) if editable and url.scheme == "file" else None
+
+
+def jars_folder() -> str | None:
+    """`FRAUDRULES_JARS`, else the `.jars/spark` of the repository of an editable install (None for a wheel)."""
+    if os.environ.get(JARS_ENV):
+        return os.path.abspath(os.environ[JARS_ENV])
+    repo = source_tree()
+    return str(repo / ".jars" / "spark") if repo else None
+
+
+def jars_problem() -> str | None:
+    """Why a local session cannot start for want of its jars, in one line; None when they are there."""
+    folder = jars_folder()
+    if folder is None:
+        return (
+            f"no Spark jars: set {JARS_ENV} to a folder holding the Delta and Kafka jars (an installed fraudrules has "
+            "none of its own; `make setup` puts them in the repository's .jars/spark)"
+        )
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.jar"))]
+    if not names:
+        return f"no jars in {folder}: run `make setup` in the repository, or point {JARS_ENV} at a folder of them"
+    missing = [prefix for prefix in REQUIRED_JARS if not any(n.startswith(prefix) for n in names)]
+    return f"no {' or '.join(m + '*.jar' for m in missing)} in {folder}: run `make setup` again" if missing else None
+
+
+def jars_file(name: str) -> str | None:
+    """A file of the jars folder (the no-fork file system's jar, the class-data archive); None without a folder."""
+    folder = jars_folder()
+    return os.path.join(folder, name) if folder else None
 
 
 def local_jars() -> list[str]:
-    """The jars of `FRAUDRULES_JARS`, else of ./.jars/spark; raises when there are none."""
-    folder = jars_folder()
-    jars = sorted(glob.glob(os.path.join(folder, "*.jar")))
-    if not jars:
-        raise RuntimeError(f"no jars in {folder}: run `make setup` first, or point FRAUDRULES_JARS at them")
-    return jars
+    """The jars of `jars_folder()`; raises RuntimeError saying why when they are not there."""
+    problem = jars_problem()
+    if problem:
+        raise RuntimeError(problem)
+    return sorted(glob.glob(os.path.join(str(jars_folder()), "*.jar")))
 
 
 def local_fs_options(master: str) -> dict[str, str]:
@@ -96,8 +136,8 @@ def local_fs_options(master: str) -> dict[str, str]:
     of the whole driver JVM for every file it creates: checkpoint logs, state store and Parquet files, several
     per micro-batch (walCommit and commitOffsets took 9-11 ms each, 2 ms without). Delta's own log writes go
     through Hadoop's FileContext, which this does not change."""
-    jar = os.path.join(jars_folder(), LOCAL_FS_JAR)
-    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or not os.path.exists(jar):
+    jar = jars_file(LOCAL_FS_JAR)
+    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or jar is None or not os.path.exists(jar):
         return {}
     return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
 
@@ -116,13 +156,13 @@ def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
     """The local driver JVM's options: logging, the class-data archive (when there is one; an archive that
     does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived commands,
     Derby's home (its log) in the local catalog's folder."""
-    archive = os.path.join(jars_folder(), CLASS_ARCHIVE)
+    archive = jars_file(CLASS_ARCHIVE)
     options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
     if catalog:
         options.append(f"-Dderby.system.home={catalog}")
-    if os.environ.get(TRAIN_ENV):
+    if os.environ.get(TRAIN_ENV) and archive:
         options.append(f"-XX:ArchiveClassesAtExit={archive}")
-    elif os.path.exists(archive):
+    elif archive and os.path.exists(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     if short_lived:
         options.extend(C1_ONLY)

@@ -41,10 +41,8 @@ def fake_job(data_dir):
         time.sleep(0.05)  # until exec: before it, the child still shows this process's command line
 
     def record(started_at: float, argv: list[str] | None = None) -> None:
-        run = health.run_dir(str(data_dir))
-        run.mkdir(parents=True, exist_ok=True)
         argv = argv or ["python", "-m", "fraudrules.cli", "run", "--rate", "0"]
-        (run / health.PID_FILE).write_text(json.dumps({"pid": proc.pid, "started_at": started_at, "argv": argv}))
+        health.register(str(data_dir), argv, pid=proc.pid, now=started_at)  # as `fraudrules run` records itself
 
     yield proc, record
     proc.kill()
@@ -104,6 +102,22 @@ def test_healthy_running_job(batches, data_dir, fake_job):
     batches.append([batch_row(i, now - 20 + i) for i in range(10)])
     verdict = health.status(str(data_dir), now=now)
     assert verdict["action"] == "none" and verdict["flags"]["running"] and verdict["problems"] == []
+
+
+def test_the_job_records_itself_and_keeps_what_the_supervisor_wrote_about_it(data_dir, fake_job):
+    proc, _ = fake_job
+    supervised = {"pid": proc.pid, "started_at": 1.0, "argv": ["fraudrules", "run"], "log": "/var/log/job.log"}
+    health.write_json(health.run_dir(str(data_dir)) / health.PID_FILE, supervised)
+    mine = health.register(str(data_dir), ["fraudrules", "run", "--rate", "5"], pid=proc.pid, now=2.0)
+    assert mine == {
+        "pid": proc.pid,
+        "started_at": 2.0,
+        "argv": ["fraudrules", "run", "--rate", "5"],
+        "log": supervised["log"],
+    }
+    assert health.process(str(data_dir))["alive"] and health.process(str(data_dir))["rate"] == 5.0
+    other = health.register(str(data_dir), ["fraudrules", "run"], pid=os.getpid())  # another process: no log
+    assert other["log"] is None and not health.alive(os.getpid())  # pytest is no `fraudrules run`
 
 
 def test_hung_job_with_waiting_input_is_restarted_but_an_idle_one_is_not(batches, data_dir, fake_job):

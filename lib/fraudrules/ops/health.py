@@ -1,8 +1,9 @@
 """Health of the continuous job, judged from what it leaves behind, without a JVM.
 
 - heartbeat: the `batches` Delta table (one row per committed evaluate micro-batch), read from its log;
-- runner: what runs the job — locally the process of the pid file the supervisor (`tools/supervisor.py`)
-  writes, on Databricks the job's active run (observed by the DAG, handed in as facts);
+- runner: what runs the job — locally the process of the pid file that `fraudrules run` writes when it starts,
+  whoever started it (`make run`, a shell, the supervisor `tools/supervisor.py`), on Databricks the job's active
+  run (observed by the DAG, handed in as facts);
 - latency: the p99 alert latency of recent batches, over a threshold or rising;
 - lag: landing files the evaluate query has not read to the end (its source's ledger and committed offsets).
 
@@ -81,7 +82,7 @@ def heartbeat(data_dir: str, recent: int = 20, now: float | None = None) -> dict
         batches=len(df),
         last_batch_id=int(last["batchId"]),
         last_commit_ms=commit_ms,
-        age_s=round(now - commit_ms / 1000, 3),
+        age_s=round(max(0.0, now - commit_ms / 1000), 3),  # committed while this looked: 0 s old
         watermark_ms=int(wm.iloc[-1]) if len(wm) else None,
         p99_ms=[float(v) for v in df["latencyP99Ms"].dropna().tail(recent)],
     )
@@ -112,8 +113,32 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def write_json(path: Path, value: dict) -> None:
+    """Replace `path` at once: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def register(data_dir: str, argv: list[str], pid: int | None = None, now: float | None = None) -> dict:
+    """Record the job process (this one by default) in the data dir's pid file, which `process` reads. The
+    supervisor writes the same record for the process it starts, with its log file, which is kept."""
+    pid = os.getpid() if pid is None else pid
+    path = run_dir(data_dir) / PID_FILE
+    previous = read_json(path) or {}
+    info = {
+        "pid": pid,
+        "started_at": time.time() if now is None else now,
+        "argv": argv,
+        "log": previous.get("log") if previous.get("pid") == pid else None,
+    }
+    write_json(path, info)
+    return info
+
+
 def alive(pid: int) -> bool:
-    """The process exists, is not a zombie, and is a fraudrules run (guards against pid reuse)."""
+    """The process exists, is not a zombie, and is a `fraudrules run` (guards against pid reuse)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -125,7 +150,8 @@ def alive(pid: int) -> bool:
         try:
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return False
-            return b"fraudrules" in (proc / "cmdline").read_bytes()
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            return any(b"fraudrules" in a for a in args) and b"run" in args
         except OSError:
             return False
     return True
