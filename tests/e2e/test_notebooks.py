@@ -32,7 +32,7 @@ TRANSACTIONS = 2000
 NOTEBOOKS = [p.name for p in notebooks_runner.notebooks()]
 # Parameters per notebook (as FRAUDRULES_<KEY> variables) on top of the shared ones.
 EXTRA_ENV = {
-    "01_ingest.ipynb": {"FRAUDRULES_MAX_FILES_PER_TRIGGER": "2"},  # several bronze versions to travel to
+    "01_ingest.ipynb": {"FRAUDRULES_MAX_RECORDS_PER_TRIGGER": "1000"},  # several bronze versions to travel to
     "04_alerting.ipynb": {"FRAUDRULES_ALERT_RULE": "5"},  # drill into a SUM rule
     "05_backtest.ipynb": {"FRAUDRULES_AS_OF_VERSION": "1", "FRAUDRULES_ACTIVATE": "true"},
 }
@@ -208,7 +208,7 @@ def test_01_ingest(run: Run):
         "transactionId is not an integer",
         "unknown paymentType (expected CSH or CRD)",
     ]
-    assert delta_versions(run.table("transactions")) >= 3, "2 files per trigger: create + at least 2 appends"
+    assert delta_versions(run.table("transactions")) >= 3, "1,000 records per trigger: create + at least 2 appends"
     assert ast.literal_eval(tagged_output(executed, "prepare"))["generated"] == TRANSACTIONS
     # batch files transactions quarantined seconds rate: transactions counted, not files
     per_batch = table_rows(tagged_output(executed, "ingest-batches"))
