@@ -80,7 +80,8 @@ def _zipf_weights(n: int, s: float) -> np.ndarray:
 def write_jsonl(folder: str, transactions: Iterator[dict], per_file: int = 5_000, prefix: str = "part") -> int:
     """Write transactions as numbered JSON-lines files (atomic renames), each modified at least a millisecond after
     the one before: the file source takes files in modification-time order, so a bounded micro-batch
-    (`--max-records-per-trigger`) reads them as written, never the later events first and the earlier ones late. Returns how many transactions were written."""
+    (`--max-records-per-trigger`) reads them as written, never the later events first and the earlier ones late.
+    Returns how many transactions were written."""
     os.makedirs(folder, exist_ok=True)
     n, chunk, index, last_ms = 0, [], 0, 0
     for tx in transactions:
