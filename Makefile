@@ -7,7 +7,6 @@ BIN := $(VENV)/bin
 JARS := .jars
 DATA_DIR ?= data
 LINTED := lib tests dags tools
-comma := ,
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export FRAUDRULES_JARS := $(abspath $(JARS)/spark)
@@ -92,15 +91,11 @@ bench: setup
 	$(BIN)/python -m tools.bench --data-dir bench/work $(ARGS)
 
 # Runs the data-quality DAG locally (airflow dags test, target local) on the tables and state under DATA_DIR:
-# the committed GX checkpoint; validation results and Data Docs of every run accumulate in DATA_DIR/dq.
+# the committed GX checkpoint; validation results, Data Docs and Airflow's log of every run accumulate in
+# DATA_DIR/dq; the console gets the run's summary (tools/dq_local.py).
 # DQ_CONF adds DAG params as JSON fields, e.g. DQ_CONF='"max_age_minutes": 1440'.
 dq: setup
-	mkdir -p $(DATA_DIR)/airflow
-	export AIRFLOW_HOME=$(abspath $(DATA_DIR)/airflow) AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER=$(abspath dags); \
-	$(AIRFLOW_VENV)/bin/airflow db migrate > /dev/null && \
-	$(AIRFLOW_VENV)/bin/airflow dags test fraud_data_quality \
-	  -c '{"target": "local", "data_dir": "$(abspath $(DATA_DIR))"$(if $(DQ_CONF),$(comma) $(DQ_CONF))}'; rc=$$?; \
-	echo "Data Docs: $(abspath $(DATA_DIR))/dq/docs/index.html"; exit $$rc
+	@$(BIN)/python -m tools.dq_local --data-dir $(DATA_DIR) --conf '{$(DQ_CONF)}'
 
 notebooks: setup
 	$(BIN)/python -m tools.notebooks_runner --out notebooks/_executed

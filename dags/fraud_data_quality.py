@@ -2,10 +2,11 @@
 
 The check is the committed GX project's checkpoint (`expectations/`, `fraudrules quality`); `target` says where:
 
-- **local**: `validate` runs `fraudrules.ops.quality` in the **job environment** (where Spark and GX are) with
-  `@task.external_python`, its output streamed to the task log as it runs; validation results and Data Docs
-  accumulate in `dq_dir` (default `<data_dir>/dq`). `verdict` fails, without retrying (retrying does not change
-  the data), naming every failed expectation and table; a crash of the check itself (no report) is retried.
+- **local**: `validate` runs `fraudrules quality` of the **job environment** (where Spark and GX are), the same
+  command as the bundle's job; its summary (per table what was read, checks passed and failed) goes to the task
+  log; validation results, Data Docs and an offline summary page accumulate in `dq_dir` (default
+  `<data_dir>/dq`). `verdict` fails, without retrying (retrying does not change the data), naming every failed
+  expectation and table; a crash of the check itself (no report) is retried, a data dir it refuses is not.
 - **databricks**: the provider's deferrable `DatabricksRunNowOperator` triggers the bundle's data-quality job
   (by name; it has no schedule of its own) and waits for it in the triggerer; its run page is the task's
   "See Databricks Job Run" link. The job runs the same checkpoint from the wheel and fails the same way.
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from airflow.providers.databricks.operators.databricks import DatabricksRunNowOperator
 from airflow.sdk import Param, dag, task
 from fraud_alerting import TaskFailed
+from fraud_jobenv import REPO, job_command
 
-REPO = Path(__file__).resolve().parents[1]
 JOB_PYTHON = os.environ.get("FRAUDRULES_JOB_PYTHON", str(REPO / ".venv" / "bin" / "python"))
 DATA_DIR = os.environ.get("FRAUDRULES_DATA_DIR", str(REPO / "data"))
 TARGET = os.environ.get("FRAUDRULES_TARGET", "local")
@@ -54,8 +54,9 @@ default_args = {
         "dq_dir": Param("", type="string", description="local: results and Data Docs (empty: <data_dir>/dq)"),
         "job_python": Param(JOB_PYTHON, type="string", description="local: python of the job environment"),
         "lateness_ms": Param(60_000, type="integer", minimum=0, description="local: the job's allowed lateness"),
-        "shards": Param(2, type="integer", minimum=1, description="local: the job's state groups"),
-        "shuffle_partitions": Param(2, type="integer", minimum=1, description="local: the job's state partitions"),
+        # as `fraudrules run` has them by default (its state is read with the same shard layout)
+        "shards": Param(1, type="integer", minimum=1, description="local: the job's state groups"),
+        "shuffle_partitions": Param(1, type="integer", minimum=1, description="local: the job's state partitions"),
         "max_age_minutes": Param(60, type="number", minimum=0, description="freshness of bronze and alerts"),
         "databricks_conn_id": Param("databricks_default", type="string"),
         "databricks_job_name": Param("fraudrules-data-quality", type="string", description="the bundle's DQ job"),
@@ -80,23 +81,29 @@ def fraud_data_quality():
             raise AirflowFailException(f"no tables under {data_dir}: nothing to check (has the job run?)")
         return {"data_dir": data_dir, "dq_dir": os.path.abspath(p["dq_dir"] or os.path.join(data_dir, "dq"))}
 
-    @task.external_python(python="{{ params.job_python }}", expect_airflow=False)
-    def validate(where: dict, engine: dict) -> dict:
-        """The checkpoint, in the job environment (this function's source runs there); its report."""
-        from fraudrules.config import config_from
-        from fraudrules.ops import quality
-        from fraudrules.session import get_spark
+    @task
+    def validate(where: dict, params: dict | None = None) -> dict:
+        """`fraudrules quality` of the job environment; its report's summary (exit 1: checks failed, still a report;
+        exit 2: it refused the data dir, which a retry does not change)."""
+        import json
+        import tempfile
 
-        cfg = config_from({"data_dir": where["data_dir"], **engine})
-        spark = get_spark("fraudrules-quality", short_lived=True)
-        try:
-            report = quality.run(spark, cfg, where["dq_dir"], max_age_minutes=float(engine["max_age_minutes"]))
-        finally:
-            spark.stop()
-        for note in report.notes:
-            print(note)
-        print(report.message())
-        return report.summary()
+        from airflow.sdk.exceptions import AirflowFailException
+
+        p = params or {}
+        options = {k: str(p[k]) for k in ("shards", "shuffle_partitions", "lateness_ms", "max_age_minutes")}
+        with tempfile.TemporaryDirectory(prefix="fraudrules-dq-") as tmp:
+            report = os.path.join(tmp, "report.json")
+            args = ["--data-dir", where["data_dir"], "--dq-dir", where["dq_dir"], "--report", report]
+            args += [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+            code, _, tail = job_command(p["job_python"], "fraudrules.cli", "quality", *args, timeout=1800)
+            if code == 2:
+                raise AirflowFailException(tail.strip().splitlines()[-1] if tail.strip() else "quality refused")
+            if code not in (0, 1) or not os.path.exists(report):
+                raise RuntimeError(f"fraudrules quality failed ({code}) without a report:\n{tail[-3000:]}")
+            with open(report, encoding="utf-8") as fh:
+                found = json.load(fh)
+        return {k: v for k, v in found.items() if k not in ("notes", "outcomes")}
 
     @task(retries=0)
     def verdict(report: dict) -> dict:
@@ -108,12 +115,6 @@ def fraud_data_quality():
             raise AirflowFailException(f"{report['message']}\nData Docs: {report['docs_index']}")
         return {k: report[k] for k in ("success", "rows", "read", "docs_index", "report")}
 
-    engine = {
-        "shards": "{{ params.shards }}",
-        "shuffle_partitions": "{{ params.shuffle_partitions }}",
-        "lateness_ms": "{{ params.lateness_ms }}",
-        "max_age_minutes": "{{ params.max_age_minutes }}",
-    }
     on_databricks = DatabricksRunNowOperator(
         task_id="run_on_databricks",
         databricks_conn_id="{{ params.databricks_conn_id }}",
@@ -124,7 +125,7 @@ def fraud_data_quality():
     )
     where = locate()
     route() >> [where, on_databricks]
-    verdict(validate(where, engine))
+    verdict(validate(where))
 
 
 DAG = fraud_data_quality()

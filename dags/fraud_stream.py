@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from airflow.providers.databricks.operators.databricks import DatabricksRunNowOperator
 from airflow.sdk import Param, dag, task
 from fraud_alerting import TaskFailed
+from fraud_jobenv import REPO, job_command
 
-REPO = Path(__file__).resolve().parents[1]
 JOB_PYTHON = os.environ.get("FRAUDRULES_JOB_PYTHON", str(REPO / ".venv" / "bin" / "python"))
 DATA_DIR = os.environ.get("FRAUDRULES_DATA_DIR", str(REPO / "data"))
 TARGET = os.environ.get("FRAUDRULES_TARGET", "local")
@@ -53,34 +52,13 @@ default_args = {
 
 
 def _job_command(params: dict, module: str, *args: str, stdin: str | None = None, timeout: float = 120) -> dict:
-    """Run `python -m <module> ...` of the job environment (from the repository: the local supervisor lives
-    in tools/); its log lines (stderr) go to the task log as they come, its last stdout line is the JSON answer."""
+    """`python -m <module> ...` of the job environment (`fraud_jobenv.job_command`); its last stdout line is its
+    JSON answer, and a failure raises with the end of its log."""
     import json
-    import subprocess
-    import threading
 
-    python = params["job_python"]
-    if not os.path.isfile(python):
-        raise FileNotFoundError(f"job environment python {python} not found: run `make setup`")
-    env = dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python)
-    cmd = [python, "-m", module, *args]
-    print("running:", " ".join(cmd), flush=True)
-    with subprocess.Popen(
-        cmd, env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        tail: list[str] = []
-
-        def relay() -> None:
-            for line in proc.stderr:
-                print(line.rstrip(), flush=True)
-                tail[:] = [*tail[-40:], line]
-
-        relaying = threading.Thread(target=relay, daemon=True)
-        relaying.start()
-        out, _ = proc.communicate(input=stdin, timeout=timeout)
-        relaying.join(timeout=5)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(tail)[-3000:]}")
+    code, out, tail = job_command(params["job_python"], module, *args, stdin=stdin, timeout=timeout)
+    if code != 0:
+        raise RuntimeError(f"{module} {' '.join(args)} failed ({code}):\n{tail[-3000:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 

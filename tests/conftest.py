@@ -15,10 +15,16 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", VENV_PYTHON)
 os.environ.setdefault("FRAUDRULES_JARS", str(Path(__file__).resolve().parents[1] / ".jars" / "spark"))
 
 
+CATALOG_SCHEMA = "fraudrules_tests"
+
+
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
+    """With a local catalog, where tests write catalog tables through Spark's Delta writer as the bundle does."""
+    from fraudrules.config import JobConfig
     from fraudrules.session import get_spark
 
-    session = get_spark("fraudrules-tests")
+    catalog = JobConfig(data_dir=str(tmp_path_factory.mktemp("spark")), catalog="spark_catalog", schema=CATALOG_SCHEMA)
+    session = get_spark("fraudrules-tests", cfg=catalog)
     yield session
     session.stop()

@@ -5,7 +5,13 @@ once with the bench rules and once with every window × 60 (per-batch cost must 
 window). Latency: the continuous job fed at a fixed rate; an alert's latency is the time it was handed to
 consumers (console, Kafka) minus the transaction's ingestionTimestamp; its Delta latency is when the
 parquet file holding it was written. Peak memory = RSS of the driver, its JVM and Python workers.
-For the median micro-batch of each mode it prints where the time went.
+For the median micro-batch of each mode it prints where the time went. Scale (`--mode scale`): whole
+`fraudrules backtest` commands over one file of 1,000,000 and 5,000,000 records, their wall time and the peak
+memory of their process trees.
+
+Profiles: `local` (the default: what a laptop runs: one shard, local path tables through delta-rs, the vectorized
+stateful input) and `cluster` (what the bundle runs: 16 shards and state partitions, catalog tables through Spark's
+Delta writer in a local catalog, PySpark's own input regrouping), on the same machine.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +33,7 @@ import numpy as np
 from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
+from fraudrules.engine.tws_input import UPSTREAM_ENV
 from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
@@ -38,24 +46,29 @@ SCHEMAS = {
     "rich": (event_schema.builtin_path("rich"), RichWorkload, Path(__file__).with_name("bench_rules_rich.json")),
 }
 SCHEMA = "default"  # the --schema of this run
+PROFILES = ("local", "cluster")
+CLUSTER_SHARDS = 16  # the bundle's shards and state partitions
+BENCH_SCHEMA = "fraudrules_bench"
+SCALE = ((1_000_000, 10), (1_000_000, 1_440), (5_000_000, 10))  # (records in one file, window minutes)
 LOGIN_RULE = {"ruleId": 100, "ruleState": "ACTIVE", "ruleType": "LOGIN_ANOMALY"}
 PER_FILE = 5_000
-FILES_PER_BATCH = 10  # 50,000 transactions a micro-batch
+BATCH = 50_000  # transactions a micro-batch of the throughput mode
 DURATIONS = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
 STATE_METRICS = ("rocksdbCommitFileSyncLatencyMs", "rocksdbPutLatency", "rocksdbGetLatency", "rocksdbLoadLatencyMs")
 
 
 class PeakMemory(threading.Thread):
-    """Samples the memory of this process and all its descendants: summed RSS (pages shared by the forked
-    Python workers counted in each) and PSS (shared pages split between their sharers: the real footprint)."""
+    """Samples the memory of a process (default this one) and all its descendants: summed RSS (pages shared by the
+    forked Python workers counted in each) and PSS (shared pages split between their sharers: the real footprint)."""
 
-    def __init__(self, interval_s: float = 0.5):
+    def __init__(self, interval_s: float = 0.5, pid: int | None = None):
         super().__init__(daemon=True)
         self.interval_s, self.rss, self.pss, self._halt = interval_s, 0, 0, threading.Event()
+        self.pid = pid or os.getpid()
 
     def run(self) -> None:
         while not self._halt.wait(self.interval_s):
-            rss, pss = _tree_memory(os.getpid())
+            rss, pss = _tree_memory(self.pid)
             self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
 
     def stop(self) -> str:
@@ -102,8 +115,18 @@ def job_config(**kwargs) -> JobConfig:
     return JobConfig(event_schema=SCHEMAS[SCHEMA][0], **kwargs)
 
 
+def profiled(cfg: JobConfig, profile: str) -> JobConfig:
+    """A mode's configuration under a profile: the cluster one with the bundle's shards and catalog tables."""
+    if profile == "local":
+        return cfg
+    schema = f"{BENCH_SCHEMA}_{os.path.basename(cfg.data_dir).replace('-', '_')}"
+    return cfg.with_(shards=CLUSTER_SHARDS, shuffle_partitions=CLUSTER_SHARDS, catalog="spark_catalog", schema=schema)
+
+
 def _fresh(spark, cfg: JobConfig, rules: list[Rule]) -> None:
     shutil.rmtree(cfg.data_dir, ignore_errors=True)
+    if cfg.uses_catalog:
+        spark.sql(f"DROP SCHEMA IF EXISTS {cfg.catalog}.{cfg.schema} CASCADE")
     tables.ensure(spark, cfg)
     store.upsert(spark, cfg, rules, "bench")
 
@@ -136,13 +159,12 @@ def breakdown(progress, beats: dict[int, dict]) -> list[str]:
     return lines
 
 
-def throughput(spark, root: str, count: int, window_factor: int = 1) -> tuple[list[str], float]:
+def throughput(spark, root: str, count: int, profile: str, window_factor: int = 1) -> tuple[list[str], float]:
     """Lines to print and the median evaluation batch time (ms)."""
-    cfg = job_config(
-        data_dir=os.path.join(root, f"throughput-x{window_factor}"),
-        available_now=True,
-        max_files_per_trigger=FILES_PER_BATCH,
+    mode = job_config(
+        data_dir=os.path.join(root, f"throughput-x{window_factor}"), available_now=True, max_records_per_trigger=BATCH
     )
+    cfg = profiled(mode, profile)
     _fresh(spark, cfg, bench_rules(window_factor))
     write_jsonl(cfg.landing, workload(count=count).transactions(), per_file=PER_FILE)
     started = time.time()
@@ -159,7 +181,7 @@ def throughput(spark, root: str, count: int, window_factor: int = 1) -> tuple[li
     label = "" if window_factor == 1 else f", windows x{window_factor}"
     lines = [
         f"throughput{label}: {count:,} transactions, {len(cfg_rules(spark, cfg))} rules, {len(batches)} micro-batches "
-        f"of <={FILES_PER_BATCH * PER_FILE:,}, {alerts:,} alerts",
+        f"of <={BATCH:,}, {alerts:,} alerts",
         f"  end to end (incl. first-batch warm-up and the parallel bronze ingest): {count / elapsed:,.0f} tx/s "
         f"({elapsed:.1f} s)",
         f"  sustained (evaluation micro-batches after the first): {steady_tx / steady_s:,.0f} tx/s, "
@@ -198,10 +220,10 @@ def _histogram(ms: np.ndarray, path: str, title: str) -> None:
     plt.close(fig)
 
 
-def latency(spark, root: str, rate: float, seconds: float, logins: bool) -> list[str]:
+def latency(spark, root: str, rate: float, seconds: float, logins: bool, profile: str) -> list[str]:
     """The continuous job at `rate` tx/s (with the login detector beside it when `logins`)."""
     name = "latency-logins" if logins else "latency"
-    cfg = job_config(data_dir=os.path.join(root, name), logins=logins)
+    cfg = profiled(job_config(data_dir=os.path.join(root, name), logins=logins), profile)
     _fresh(spark, cfg, bench_rules() + ([parse_rule(LOGIN_RULE)] if logins else []))
     running = job.start(spark, cfg, printer=None)
     writers = [RateWriter(cfg.landing, workload(count=10**9, seed=99, first_id=10**9).transactions(), rate=rate)]
@@ -285,26 +307,83 @@ def _empty_batches(running: job.Job, cfg: JobConfig, count: int = 5) -> str:
     return f"median {statistics.median(ms):,.0f} ms over {len(ms)}" if ms else "none ran"
 
 
-def main(root: str, mode: str, count: int, rate: float, seconds: float) -> None:
+def scale(root: str, profile: str) -> list[str]:
+    """Whole `fraudrules backtest` commands over one file (SCALE): wall time and the peak memory of the command's
+    process tree (a fresh JVM and its Python workers each time)."""
+    folder = os.path.join(root, "scale")
+    os.makedirs(folder, exist_ok=True)
+    lines = [f"scale: `fraudrules backtest` of one file, {len(bench_rules())} rules, the whole command"]
+    for records, window in SCALE:
+        source = _one_file(folder, records)
+        rules = os.path.join(folder, f"rules-{window}m.json")
+        Path(rules).write_text(json.dumps([r.to_json() | {"windowMinutes": window} for r in bench_rules()]))
+        command = [sys.executable, "-m", "fraudrules.cli", "backtest", "--transactions", source, "--rules", rules]
+        command += ["--out", os.path.join(folder, "alerts.jsonl"), "--data-dir", os.path.join(folder, "work")]
+        command += ["--fresh"] + (["--event-schema", SCHEMAS[SCHEMA][0]] if SCHEMAS[SCHEMA][0] else [])
+        env = dict(os.environ)
+        if profile == "cluster":
+            command += ["--catalog", "spark_catalog", "--schema", f"{BENCH_SCHEMA}_scale"]
+            command += ["--shards", str(CLUSTER_SHARDS), "--shuffle-partitions", str(CLUSTER_SHARDS)]
+            env[UPSTREAM_ENV] = "1"
+        started = time.monotonic()
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        memory = PeakMemory(pid=proc.pid)
+        memory.start()
+        out, err = proc.communicate()
+        elapsed, peak = time.monotonic() - started, memory.stop()
+        what = f"  {records:,} records ({os.path.getsize(source) / 2**20:,.0f} MiB), {window}-minute windows:"
+        if proc.returncode:
+            lines.append(f"{what} FAILED (exit {proc.returncode}) after {elapsed:.1f} s: {err.strip()[-500:]}")
+            continue
+        alerts = next((line.split(";")[0] for line in out.splitlines() if line.startswith("alerts: ")), "alerts: ?")
+        lines.append(f"{what} {elapsed:.1f} s, peak {peak}; {alerts}")
+    return lines
+
+
+def _one_file(folder: str, records: int) -> str:
+    """The scale workload (20,000 payees, 5,000 beneficiaries) of the schema chosen as one JSON-lines file, written
+    once."""
+    path = os.path.join(folder, f"transactions-{SCHEMA}-{records}.json")
+    if not os.path.exists(path):
+        transactions = workload(count=records, payees=20_000, beneficiaries=5_000).transactions()
+        write_jsonl(os.path.join(folder, "new"), transactions, per_file=records)
+        os.replace(os.path.join(folder, "new", "part-000000.json"), path)
+        os.rmdir(os.path.join(folder, "new"))
+    return path
+
+
+def main(root: str, mode: str, count: int, rate: float, seconds: float, profile: str) -> None:
     """Run the chosen modes, printing each one's figures as soon as it has them."""
-    spark = get_spark("fraudrules-bench")
-    memory = PeakMemory()
-    memory.start()
+    shards = CLUSTER_SHARDS if profile == "cluster" else JobConfig().shards
+    writes = "catalog tables, Spark's Delta writer" if profile == "cluster" else "path tables, delta-rs"
     print(
-        f"fraudrules bench on {os.cpu_count()} cores (local[2], {JobConfig().shards} shards, RocksDB state store), "
-        f"{SCHEMA} event schema, {time.strftime('%Y-%m-%d')}",
+        f"fraudrules bench, profile {profile}, on {os.cpu_count()} cores (local[2], {shards} shards, {writes}, "
+        f"RocksDB state store), {SCHEMA} event schema, {time.strftime('%Y-%m-%d')}",
         flush=True,
     )
+    if profile == "cluster":
+        os.environ[UPSTREAM_ENV] = "1"  # set before the JVM starts: its Python workers inherit it
+    if mode in ("all", "throughput", "latency"):
+        bench(root, mode, count, rate, seconds, profile)
+    if mode == "scale":
+        print("\n".join(scale(root, profile)), flush=True)
+
+
+def bench(root: str, mode: str, count: int, rate: float, seconds: float, profile: str) -> None:
+    """The throughput and latency modes, in one session."""
+    spark = get_spark("fraudrules-bench", cfg=profiled(JobConfig(data_dir=root), profile))
+    memory = PeakMemory()
+    memory.start()
     if mode in ("all", "throughput"):
-        throughput(spark, root, count // 4)  # JIT warm-up, not reported: the two measured runs start alike
-        lines, base = throughput(spark, root, count)
+        throughput(spark, root, count // 4, profile)  # JIT warm-up, not reported: the two measured runs start alike
+        lines, base = throughput(spark, root, count, profile)
         print("\n".join(lines), flush=True)
-        lines, wide = throughput(spark, root, count, window_factor=60)
+        lines, wide = throughput(spark, root, count, profile, window_factor=60)
         print("\n".join(lines), flush=True)
         print(f"per-batch cost, windows x60 / x1 (median micro-batch): {wide / base:.2f}", flush=True)
     if mode in ("all", "latency"):
-        print("\n".join(latency(spark, root, rate, seconds, logins=False)), flush=True)
-        print("\n".join(latency(spark, root, rate, seconds, logins=True)), flush=True)
+        print("\n".join(latency(spark, root, rate, seconds, False, profile)), flush=True)
+        print("\n".join(latency(spark, root, rate, seconds, True, profile)), flush=True)
     print(f"peak memory (driver + JVM + Python workers): {memory.stop()}", flush=True)
     spark.stop()
 
@@ -312,7 +391,13 @@ def main(root: str, mode: str, count: int, rate: float, seconds: float) -> None:
 def cli(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default="bench/work", help="wiped and rewritten by every mode")
-    p.add_argument("--mode", choices=["all", "throughput", "latency"], default="all")
+    p.add_argument(
+        "--mode",
+        choices=["all", "throughput", "latency", "scale"],
+        default="all",
+        help="all: throughput and latency; scale: whole backtests of 1M and 5M records in one file",
+    )
+    p.add_argument("--profile", choices=PROFILES, default="local", help="local: a laptop's; cluster: the bundle's")
     p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput mode")
     p.add_argument("--rate", type=float, default=1_000.0, help="transactions/s of the latency mode")
     p.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the latency mode")
@@ -320,7 +405,7 @@ def cli(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     global SCHEMA
     SCHEMA = a.schema
-    main(a.data_dir, a.mode, a.count, a.rate, a.seconds)
+    main(a.data_dir, a.mode, a.count, a.rate, a.seconds, a.profile)
     return 0
 
 

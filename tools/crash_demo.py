@@ -3,10 +3,12 @@
 1. A workload (transactions with injected bursts, logins with injected attacks, and a sprinkling of bad
    records of every class) is written into files, or produced into Kafka topics (`source="kafka"`).
 2. The job runs in a child process (`fraudrules run --no-generator --available-now ...`) in bounded
-   micro-batches. It is killed with SIGKILL, together with its JVM and Python workers (the whole process
-   group: a real crash, no shutdown hook runs), at random points — just after a micro-batch was planned, just
-   after a sink's Delta commit, just after a micro-batch was committed — and restarted on the same
-   checkpoints each time. After the last kill it runs to the end.
+   micro-batches; with `--production`, as the bundle runs it: catalog tables written by Spark's Delta writer
+   (`saveAsTable`, in a local catalog), 16 shards and state partitions, PySpark's own input regrouping. It is
+   killed with SIGKILL, together with its JVM and Python workers (the whole process group: a real crash, no
+   shutdown hook runs), at random points — just after a micro-batch was planned, just after a sink's Delta
+   commit, just after a micro-batch was committed — and restarted on the same checkpoints each time. After the
+   last kill it runs to the end.
 3. The same input is backtested with the same rules in a fresh directory, and the two `alerts` tables
    are compared per alertId: expected vs found, lost, duplicated, unexpected, different aggregate; the
    bronze and quarantine tables are reconciled with the input (input = valid + quarantined, no record
@@ -34,11 +36,14 @@ from pathlib import Path
 
 from fraudrules import event_schema
 from fraudrules.config import EVALUATE_QUERY, QUERIES, JobConfig
+from fraudrules.engine.tws_input import UPSTREAM_ENV
 from fraudrules.event_schema import EventSchema
 from fraudrules.generator import LoginWorkload, RichWorkload, Workload, is_rich, sample_rules_path
 from fraudrules.rules.model import LOGIN_RULE
 
 SINK_TABLES = ("transactions", "logins", "quarantine", "alerts", "late_events", "batches")
+PRODUCTION_SCHEMA = "fraudrules"
+PRODUCTION_SHARDS = 16  # the bundle's
 KILL_MODES = {
     "planned": "just after a micro-batch was planned",
     "sink": "just after a sink's Delta commit",
@@ -128,8 +133,9 @@ class Demo:
     seed: int = 7
     bad_every: int = 97  # one bad record per this many lines
     shards: int = 2
+    production: bool = False  # as the bundle runs: catalog tables (Spark's writer), 16 shards, upstream regrouping
     source: str = "files"
-    batch_files: int = 1  # maxFilesPerTrigger (files) / batch_files × per_file offsets (Kafka)
+    batch_files: int = 1  # a micro-batch holds batch_files × per_file records (--max-records-per-trigger)
     rules_path: str | None = None
     event_schema: str | None = None  # the transactions' schema (DDL file): the rich one generates rich events
     printer: object = print
@@ -139,8 +145,23 @@ class Demo:
 
     @property
     def job_cfg(self) -> JobConfig:
-        root = os.path.join(self.root, "job")
-        return JobConfig(data_dir=root, shards=self.shards, logins=True, event_schema=self.event_schema)
+        cfg = JobConfig(
+            data_dir=os.path.join(self.root, "job"), shards=self.shards, logins=True, event_schema=self.event_schema
+        )
+        if self.production:
+            cfg = cfg.with_(catalog="spark_catalog", schema=PRODUCTION_SCHEMA, shuffle_partitions=self.shards)
+        return cfg
+
+    def path(self, table: str) -> str:
+        """Where a table of the job is: its path, or a catalog table's folder in the local catalog's warehouse
+        (read by path: the comparing session has its own catalog)."""
+        cfg = self.job_cfg
+        if not cfg.uses_catalog:
+            return cfg.table(table)
+        return os.path.join(str(cfg.local_catalog), "warehouse", f"{cfg.schema}.db", table)
+
+    def read(self, spark, table: str):
+        return spark.read.format("delta").load(self.path(table))
 
     @property
     def backtest_cfg(self) -> JobConfig:
@@ -202,21 +223,21 @@ class Demo:
     def child_command(self) -> list[str]:
         cfg = self.job_cfg
         run = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--available-now"]
-        options = {"--data-dir": cfg.data_dir, "--shards": str(self.shards), "--rules": self.rules}
+        options = {
+            "--data-dir": cfg.data_dir,
+            "--shards": str(cfg.shards),
+            "--shuffle-partitions": str(cfg.shuffle_partitions),
+            "--rules": self.rules,
+            "--max-records-per-trigger": str(self.batch_files * self.per_file),
+        }
+        if cfg.uses_catalog:
+            options |= {"--catalog": str(cfg.catalog), "--schema": str(cfg.schema)}
         if self.event_schema:
             options["--event-schema"] = self.event_schema
         if self.source == "kafka":
-            options |= {
-                "--source": "kafka",
-                "--kafka-bootstrap": str(self.kafka_bootstrap),
-                "--max-offsets-per-trigger": str(self.batch_files * self.per_file),
-            }
+            options |= {"--source": "kafka", "--kafka-bootstrap": str(self.kafka_bootstrap)}
         else:
-            options |= {
-                "--transactions": self.input_dir("transactions"),
-                "--logins": self.input_dir("logins"),
-                "--max-files-per-trigger": str(self.batch_files),
-            }
+            options |= {"--transactions": self.input_dir("transactions"), "--logins": self.input_dir("logins")}
         return [*run, *(part for option in options.items() for part in option)]
 
     def _batches(self) -> tuple[int, int]:
@@ -228,7 +249,7 @@ class Demo:
 
     def _sink_commits(self) -> int:
         """Delta commits of the tables the streaming sinks append to (version 0 is the table's creation)."""
-        logs = [Path(self.job_cfg.table(t)) / "_delta_log" for t in SINK_TABLES]
+        logs = [Path(self.path(t)) / "_delta_log" for t in SINK_TABLES]
         return sum(sum(1 for f in d.glob("*.json") if f.stem.isdigit() and int(f.stem) > 0) for d in logs if d.is_dir())
 
     def _progress(self, mode: str) -> int:
@@ -238,6 +259,8 @@ class Demo:
         logs = Path(self.root) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        if self.production:
+            env[UPSTREAM_ENV] = "1"
         with open(logs / f"run-{attempt}.log", "wb") as out:
             # Own process group: the kill takes the driver, its JVM and the Python workers at once.
             return subprocess.Popen(
@@ -322,7 +345,7 @@ class Demo:
             load_rules_file(self.rules, self.schema),
             logins=self.input_dir("logins"),
         )
-        got = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, self.job_cfg, "alerts").collect()]
+        got = [(r.alertId, r.kind, r.aggregate) for r in self.read(spark, "alerts").collect()]
         want = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, bt_cfg, "alerts").collect()]
         for label, is_login in (("transactions", False), ("logins", True)):
             mine = [a for a in got if (a[1] == LOGIN_RULE) == is_login]
@@ -342,15 +365,15 @@ class Demo:
                 )
             )
 
-        quarantine = tables.read(spark, self.job_cfg, "quarantine")
-        late = tables.read(spark, self.job_cfg, "late_events")
+        quarantine = self.read(spark, "quarantine")
+        late = self.read(spark, "late_events")
         for kind, bronze_name, qkind, id_col in (
             ("transactions", "transactions", "transaction", "transactionId"),
             ("logins", "logins", "login", "userId"),
         ):
             records = len(self.lines[kind])
             bad_in = self.bad[kind]
-            bronze = tables.read(spark, self.job_cfg, bronze_name)
+            bronze = self.read(spark, bronze_name)
             q = quarantine.where(F.col("kind") == qkind)
             valid, quarantined = bronze.count(), q.count()
             twice = (valid - bronze.select("srcName", "srcPos").distinct().count()) + (
@@ -394,18 +417,13 @@ class Demo:
         """
         from pyspark.sql import functions as F
 
-        from fraudrules import tables
-
-        cfg = self.job_cfg
-        rules = tables.read(spark, cfg, "rules").where(
-            "ruleState = 'ACTIVE' AND coalesce(ruleType, 'WINDOW') = 'WINDOW'"
-        )
+        rules = self.read(spark, "rules").where("ruleState = 'ACTIVE' AND coalesce(ruleType, 'WINDOW') = 'WINDOW'")
         if rules.where(F.size(F.coalesce("filter", F.array())) > 0).count():
             return []
-        n_rules, valid = rules.count(), tables.read(spark, cfg, "transactions").count()
-        batches = tables.read(spark, cfg, "batches").where(F.col("query") == EVALUATE_QUERY)
+        n_rules, valid = rules.count(), self.read(spark, "transactions").count()
+        batches = self.read(spark, "batches").where(F.col("query") == EVALUATE_QUERY)
         counted = batches.agg(F.coalesce(F.sum("inputRows"), F.lit(0))).first()[0]
-        late = tables.read(spark, cfg, "late_events").where("kind = 'transaction'").count()
+        late = self.read(spark, "late_events").where("kind = 'transaction'").count()
         ok = counted + late == valid * n_rules
         self_ok = batches.select("batchId").distinct().count() == batches.count()
         return [
@@ -481,6 +499,7 @@ def main(
     shards: int = 2,
     rules: str | None = None,
     event_schema: str | None = None,
+    production: bool = False,
 ) -> int:
     from fraudrules.session import get_spark
 
@@ -492,9 +511,16 @@ def main(
         per_file=per_file,
         seed=seed,
         source=source,
-        shards=shards,
+        shards=PRODUCTION_SHARDS if production else shards,
         rules_path=rules,
+        production=production,
     ).prepare()
+    cfg = demo.job_cfg
+    demo.say(
+        f"the job: {cfg.shards} shards, {cfg.shuffle_partitions} state partitions, "
+        + (f"catalog tables {cfg.catalog}.{cfg.schema} (Spark's Delta writer)" if cfg.uses_catalog else "path tables")
+        + (", PySpark's own input regrouping" if production else "")
+    )
     broker = None
     try:
         if source == "kafka":
@@ -527,9 +553,25 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--rules", help="rules file (default: the sample rules, incl. the login detector)")
     p.add_argument("--event-schema", help="transactions' schema (DDL file; the rich one: rich events and rules)")
+    p.add_argument(
+        "--production",
+        action="store_true",
+        help=f"as the bundle runs: catalog tables through Spark's Delta writer (a local catalog), {PRODUCTION_SHARDS} "
+        "shards and state partitions, PySpark's own input regrouping",
+    )
     a = p.parse_args(argv)
     return main(
-        a.data_dir, a.kills, a.count, a.logins_count, a.per_file, a.seed, a.source, a.shards, a.rules, a.event_schema
+        a.data_dir,
+        a.kills,
+        a.count,
+        a.logins_count,
+        a.per_file,
+        a.seed,
+        a.source,
+        a.shards,
+        a.rules,
+        a.event_schema,
+        a.production,
     )
 
 

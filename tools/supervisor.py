@@ -66,7 +66,7 @@ def start(
             start_new_session=True,
         )
     info = {"pid": proc.pid, "started_at": time.time(), "argv": cmd, "log": str(log_path)}
-    (rdir / health.PID_FILE).write_text(json.dumps(info))
+    health.write_json(rdir / health.PID_FILE, info)  # the job writes the same record when it starts
     with open(rdir / health.RESTARTS_FILE, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"at": info["started_at"], "pid": proc.pid, "reason": reason}) + "\n")
     deadline = time.time() + confirm_s

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from fraudrules import tables
-from fraudrules.config import RULES_QUERY, JobConfig
-from fraudrules.engine import job
+from fraudrules.config import EVALUATE_QUERY, RULES_QUERY, JobConfig
+from fraudrules.engine import job, state
 from fraudrules.engine.messages import iso_time
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
@@ -36,6 +37,9 @@ ALERT_FIELDS = (
     "message",
     "details",
 )
+
+
+WRITE_ROWS = 10_000
 
 
 @dataclass
@@ -85,11 +89,10 @@ def run(
     running = job.start(spark, cfg, printer=None, names=names)
     running.wait()
     seconds = time.time() - started
-    late = tables.arrow(spark, cfg, "late_events", ["kind", "transactionId", "userId", "eventTimeMs"])
-    per_rule, shadow = _per_rule(spark, cfg, "alerts"), _per_rule(spark, cfg, "shadow_alerts")
-    n_transactions, n_logins, quarantined = (
-        tables.count(spark, cfg, t) for t in ("transactions", "logins", "quarantine")
-    )
+    writer = tables.writer(spark, cfg)
+    late = writer.arrow("late_events", ["kind", "transactionId", "userId", "eventTimeMs"])
+    per_rule, shadow = _per_rule(writer, "alerts"), _per_rule(writer, "shadow_alerts")
+    n_transactions, n_logins, quarantined = (writer.count(t) for t in ("transactions", "logins", "quarantine"))
     return BacktestResult(
         transactions=n_transactions,
         logins=n_logins,
@@ -103,8 +106,14 @@ def run(
     )
 
 
-def _per_rule(spark: SparkSession, cfg: JobConfig, table: str) -> dict[int, int]:
-    counts = tables.arrow(spark, cfg, table, ["ruleId"]).group_by("ruleId").aggregate([([], "count_all")])
+def discard(cfg: JobConfig) -> None:
+    """Remove a backtest's tables and checkpoints (its temporary data dir) and its local chunk cache."""
+    shutil.rmtree(cfg.data_dir, ignore_errors=True)
+    state.drop_cache(job.namespace(cfg, EVALUATE_QUERY))
+
+
+def _per_rule(writer: tables.TableWriter, table: str) -> dict[int, int]:
+    counts = writer.arrow(table, ["ruleId"]).group_by("ruleId").aggregate([([], "count_all")])
     return dict(zip(counts.column("ruleId").to_pylist(), counts.column("count_all").to_pylist(), strict=True))
 
 
@@ -112,13 +121,14 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value, and
     `eventTime` as an ISO timestamp beside the exact `eventTimeMs`."""
     order = [(c, "ascending", "at_start") for c in ("ruleId", "transactionId", "userId", "eventTimeMs")]
-    rows = tables.arrow(spark, cfg, "alerts", ALERT_FIELDS).sort_by(order)  # nulls first, as Spark sorts
+    rows = tables.writer(spark, cfg).arrow("alerts", ALERT_FIELDS).sort_by(order)  # nulls first, as Spark sorts
     n = 0
     with open(out, "w", encoding="utf-8") as fh:
-        for record in rows.to_pylist():
-            record["key"] = json.loads(record["key"])
-            record["details"] = json.loads(record["details"]) if record["details"] else None
-            record["eventTime"] = iso_time(record["eventTimeMs"])
-            fh.write(to_json_line(record) + "\n")
-            n += 1
+        for batch in rows.to_batches(max_chunksize=WRITE_ROWS):  # Python objects for a slice at a time
+            for record in batch.to_pylist():
+                record["key"] = json.loads(record["key"])
+                record["details"] = json.loads(record["details"]) if record["details"] else None
+                record["eventTime"] = iso_time(record["eventTimeMs"])
+                fh.write(to_json_line(record) + "\n")
+                n += 1
     return n

@@ -1,7 +1,8 @@
 """`fraudrules` command line: argument parsing over the library (what a cluster or an operator runs).
 
-Arguments are checked before Spark starts: a missing or unreadable input, an output that cannot be written or
-an invalid value ends the command at once with a one-line error and exit status 2.
+Arguments are checked before Spark starts: a missing or unreadable input, an invalid rules file, an output that
+cannot be written, a data dir without the tables a command reads, missing Spark jars or an invalid value ends the
+command at once with a one-line error and exit status 2. Commands that only read never create a table.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import __version__, logs
 from fraudrules.config import TABLES, JobConfig, config_from, parse_options
 from fraudrules.paths import input_problem, is_remote, output_problem
+
+if TYPE_CHECKING:
+    from fraudrules.event_schema import EventSchema
+    from fraudrules.rules.model import RuleError
 
 PRODUCTION_RUN = "fraudrules run --no-generator --catalog C --schema S --checkpoint-root DIR [--kafka-bootstrap ...]"
 RULE_ACTIONS = ("put", "shadow", "promote", "compare", "pause", "activate", "delete", "list", "history", "export")
@@ -37,6 +42,13 @@ THRESHOLD_HELP = {
 
 class UsageError(Exception):
     """A command that cannot run as given: its message is printed on one line, the exit status is 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, naming the problem and where help is (not the whole usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -64,6 +76,19 @@ positive_float = _bounded(float, 0.0, False, "a number > 0")
 non_negative_float = _bounded(float, 0.0, True, "a number >= 0")
 
 
+def add_records_bound(p: argparse.ArgumentParser) -> None:
+    """The bound of a micro-batch, for `run` and `backtest` alike (`--max-offsets-per-trigger`: Kafka's word)."""
+    p.add_argument(
+        "--max-records-per-trigger",
+        "--max-offsets-per-trigger",
+        type=positive_int,
+        default=JobConfig.max_records_per_trigger,
+        metavar="N",
+        help="at most N records (file lines, Kafka records) per micro-batch of each source, whatever the file "
+        f"sizes (default {JobConfig.max_records_per_trigger:,})",
+    )
+
+
 def key_value(text: str) -> str:
     try:
         parse_options([text])
@@ -85,6 +110,54 @@ def file_problem(path: str | None, what: str = "--rules") -> str | None:
     if not os.path.isfile(path):
         return f"{what} {path}: no such file"
     return None if os.access(path, os.R_OK) else f"{what} {path}: file is not readable"
+
+
+def rule_error_text(err: RuleError) -> str:
+    """A RuleError for one line: the rule and its problems (a file that is no JSON, or a rule without a usable
+    ruleId, has its problem alone)."""
+    problems = "; ".join(err.problems)
+    return problems if err.rule_id is None else f"invalid rule {err.rule_id}: {problems}"
+
+
+def read_rules(path: str, what: str, schema: EventSchema, state: str | None = None) -> list:
+    """The rules of a JSON file (`-`: stdin), every one valid against the event `schema`; else a UsageError naming
+    the problem, after one stderr line per invalid rule when there are several (nothing is used from a file with an
+    invalid rule). `state` (SHADOW for `rules shadow`) replaces every rule's state."""
+    from fraudrules.rules.model import parse_rules_text
+
+    check(file_problem(path, what))
+    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"{what} {path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+        ) from None
+    rules, errors = parse_rules_text(text, schema, state=state)
+    if len(errors) == 1 or any(e.rule_id is None for e in errors):
+        raise UsageError(f"{what} {path}: " + "; ".join(rule_error_text(e) for e in errors))
+    if errors:
+        for err in errors:
+            print(rule_error_text(err), file=sys.stderr)
+        raise UsageError(f"{what} {path}: {len(errors)} invalid rules")
+    if not rules:
+        raise UsageError(f"{what} {path}: no rules in it")
+    return rules
+
+
+def jars_missing() -> str | None:
+    """Why a local session cannot start: its Delta jars are not where they are looked for (one line)."""
+    from fraudrules.session import jars_problem, on_databricks
+
+    return None if on_databricks() else jars_problem()
+
+
+def spark_session(app: str = "fraudrules", **options: object):
+    """The Spark session of a command, once its jars are known to be there (else a one-line usage error)."""
+    from fraudrules.session import get_spark
+
+    check(jars_missing())
+    return get_spark(app, **options)
 
 
 def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
@@ -110,11 +183,28 @@ EVENT_SCHEMA_HELP = (
 )
 
 
-def table_problem(cfg: JobConfig, name: str) -> str | None:
-    """A local table that does not exist yet (catalog tables are checked by Spark)."""
-    if cfg.uses_catalog or is_remote(cfg.data_dir) or os.path.isdir(os.path.join(cfg.table(name), "_delta_log")):
+def data_dir_problem(cfg: JobConfig, tables: bool = True) -> str | None:
+    """A local data dir that does not exist (a mistyped --data-dir) or, with `tables`, holds no tables: a command
+    that only reads it must not create them (catalog and remote data dirs are checked by Spark)."""
+    where = os.path.abspath(cfg.data_dir)
+    if cfg.uses_catalog or is_remote(cfg.data_dir):
         return None
-    return f"no table {name} under {os.path.abspath(cfg.data_dir)}/tables (run the job first, e.g. `make run`)"
+    if not os.path.isdir(where):
+        return f"no data dir {where} (check --data-dir)"
+    if tables and not os.path.isdir(os.path.join(where, "tables")):
+        return f"no tables under {where} (run the job first, e.g. `make run`, or check --data-dir)"
+    return None
+
+
+def table_problem(cfg: JobConfig, *names: str) -> str | None:
+    """Local tables that do not exist: an error for a command that reads them, which never creates them."""
+    if cfg.uses_catalog or is_remote(cfg.data_dir):
+        return None
+    missing = [n for n in names if not os.path.isdir(os.path.join(cfg.table(n), "_delta_log"))]
+    if not missing:
+        return None
+    where = f"{os.path.abspath(cfg.data_dir)}/tables"
+    return data_dir_problem(cfg) or f"no table {', '.join(missing)} under {where} (run the job first, e.g. `make run`)"
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -123,23 +213,32 @@ def table_problem(cfg: JobConfig, name: str) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     sources = {"--transactions": args.transactions_source, "--logins": args.logins_source}
     check(
-        file_problem(args.rules),
         schema_problem(args.event_schema),
         *(input_problem(path, flag, must_have_files=False) for flag, path in sources.items() if path),
     )
     from fraudrules import event_schema
+
+    if args.rules:  # against the schema the job will start with
+        read_rules(args.rules, "--rules", event_schema.for_job(job_config(args)))
     from fraudrules.engine import progress, run
     from fraudrules.event_schema import SchemaError
     from fraudrules.generator import demo_writers, sample_rules_path
+    from fraudrules.ops import health
     from fraudrules.rules.model import RuleError
-    from fraudrules.session import get_spark, kafka_secret_options, on_databricks
+    from fraudrules.session import kafka_secret_options, on_databricks
 
     secrets = kafka_secret_options(args.kafka_secret_scope) if args.kafka_bootstrap else {}
     cfg = job_config(args, logins=True, kafka_options={**parse_options(args.kafka_option), **secrets})
+    check(jars_missing())
+    if not on_databricks() and not is_remote(cfg.data_dir):  # `status` knows the job by this, whoever started it
+        other = health.process(cfg.data_dir)
+        if other["alive"] and other["pid"] != os.getpid():
+            raise UsageError(f"a job already runs on {os.path.abspath(cfg.data_dir)}: process {other['pid']}")
+        health.register(cfg.data_dir, sys.argv)
     generate = args.rate > 0 and not args.no_generator
     started = time.monotonic()
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
-        spark = get_spark(shuffle_partitions=cfg.shuffle_partitions)
+        spark = spark_session(cfg=cfg)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     stop = run.Stop()
     stop.starting = "the tables are ready"
@@ -167,10 +266,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not on_databricks():
         spark.stop()
     if failed:
-        print(f"a query failed: {_first_line(failed)}", file=sys.stderr)
+        print(f"a query failed: {_died(failed) or _first_line(failed)}", file=sys.stderr)
         return 1
     print("stopped cleanly; run again to resume from the checkpoints")
     return 0
+
+
+def _died(err: BaseException) -> str | None:
+    """One line when Spark's JVM or a Python worker died under the command (see `failures`), else None."""
+    if "pyspark" not in sys.modules:  # Spark never started: not such a failure
+        return None
+    from fraudrules import failures
+
+    return failures.explain(err)
 
 
 def _first_line(err: BaseException) -> str:
@@ -187,36 +295,32 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     check(
         input_problem(args.transactions_input, "--transactions") if args.transactions_input else None,
         input_problem(args.logins_input, "--logins") if args.logins_input else None,
-        file_problem(args.rules),
-        schema_problem(args.event_schema),
         output_problem(args.out, "--out"),
     )
     from fraudrules import event_schema
-    from fraudrules.rules.model import parse_rules_text
 
-    schema = event_schema.of(args.event_schema)
-    rules, errors = parse_rules_text(Path(args.rules).read_text(encoding="utf-8"), schema)
-    for err in errors:  # every invalid rule named, before Spark starts
-        print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
-    if errors:
-        raise UsageError(f"--rules {args.rules}: {len(errors)} invalid rule{'s' if len(errors) > 1 else ''}")
-    if not rules:
-        raise UsageError(f"--rules {args.rules}: no rules")
-
+    # every rule against the schema, before Spark starts: a rule left out would make a backtest that answers
+    # another question
+    rules = read_rules(args.rules, "--rules", event_schema.of(args.event_schema))
     from fraudrules import backtest
-    from fraudrules.session import get_spark
 
-    work = args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-")
-    if args.data_dir is None or args.fresh:
-        shutil.rmtree(work, ignore_errors=True)
-    cfg = job_config(args, data_dir=work)
-    spark = get_spark(shuffle_partitions=cfg.shuffle_partitions, short_lived=True)
-    result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    n = backtest.write_alerts(spark, cfg, args.out)
+    if args.data_dir is not None and args.fresh:
+        shutil.rmtree(args.data_dir, ignore_errors=True)
+    cfg = job_config(args)  # checked before a temporary folder exists
+    cfg = cfg.with_(data_dir=args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-"))
+    try:
+        spark = spark_session(short_lived=True, cfg=cfg)
+        try:
+            result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            n = backtest.write_alerts(spark, cfg, args.out)
+        finally:
+            spark.stop()
+    finally:
+        if args.data_dir is None:  # its tables and checkpoints were only the means to the alerts
+            backtest.discard(cfg)
     print(result.summary())
-    print(f"wrote {n:,} alerts to {args.out} (tables in {work})")
-    spark.stop()
+    print(f"wrote {n:,} alerts to {args.out}" + (f" (tables in {cfg.data_dir})" if args.data_dir else ""))
     return 0
 
 
@@ -224,9 +328,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     cfg = job_config(args)
     check(output_problem(args.out, "--out"), table_problem(cfg, args.table))
     from fraudrules import tables
-    from fraudrules.session import get_spark
 
-    spark = get_spark(short_lived=True)
+    spark = spark_session(short_lived=True, cfg=cfg)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = tables.export_jsonl(spark, cfg, args.table, args.out)
     print(f"wrote {n:,} rows of {args.table} to {args.out}")
@@ -258,22 +361,20 @@ def rule_id(args: argparse.Namespace) -> int:
         raise UsageError(f"rules {args.action}: rule id {args.target!r} is not an integer") from None
 
 
+RULE_TABLES = ("rules", "rule_history", "rules_export")
+COMPARED_TABLES = ("alerts", "shadow_alerts", "rule_applied", "batches")
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
     from fraudrules import event_schema
-    from fraudrules.rules.model import RuleError, parse_rules_text
+    from fraudrules.rules.model import RuleError
 
     changes, target, period = [], None, {}
     if args.action in ("put", "shadow"):
         if args.target is None:
             raise UsageError(f"rules {args.action} needs a rules file, or - to read them from stdin")
-        check(file_problem(args.target, f"rules {args.action}"))
-        text = sys.stdin.read() if args.target == "-" else Path(args.target).read_text(encoding="utf-8")
         schema = event_schema.for_job(job_config(args))  # the schema the job last started with
-        changes, errors = parse_rules_text(text, schema, state="SHADOW" if args.action == "shadow" else None)
-        if errors:  # nothing is applied from a file with an invalid rule
-            for err in errors:
-                print(f"invalid rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
-            return 2
+        changes = read_rules(args.target, f"rules {args.action}", schema, "SHADOW" if args.action == "shadow" else None)
     elif args.action in ("pause", "activate", "delete", "history", "promote", "compare"):
         target = rule_id(args)
     if args.action == "compare":
@@ -284,24 +385,25 @@ def cmd_rules(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"rules compare: {err}") from None
     cfg = job_config(args)
+    if args.action not in ("put", "shadow"):  # only new rules may start a rules table
+        check(table_problem(cfg, *RULE_TABLES, *(COMPARED_TABLES if args.action == "compare" else ())))
 
     from fraudrules import tables
-    from fraudrules.session import get_spark
 
-    spark = get_spark("fraudrules-rules", short_lived=True)
-    tables.ensure(spark, cfg, "rules", "rule_history", "rules_export")
+    spark = spark_session("fraudrules-rules", short_lived=True, cfg=cfg)
     try:
         if args.action == "compare":
             lines = _compare(spark, cfg, int(target or 0), period, args.top)
         else:
+            if args.action not in ("list", "history"):
+                tables.ensure(spark, cfg, *RULE_TABLES)
             lines = _rules_action(spark, cfg, args.action, changes, target, args.author)
-        for line in lines:
-            print(line)
     except RuleError as err:
-        print(f"rule {err.rule_id}: {'; '.join(err.problems)}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from None
     finally:
         spark.stop()
+    for line in lines:
+        print(line)
     return 0
 
 
@@ -340,8 +442,11 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
             "no rules (add some with `fraudrules rules put FILE`)"
         ]
     if action == "history":
+        rows = store.history(spark, cfg, int(target or 0))
+        if not rows:
+            raise RuleError(target, ["no such rule"])
         out = []
-        for row in store.history(spark, cfg, int(target or 0)):
+        for row in rows:
             when = row["updatedAt"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["updatedAt"] else "-"
             who, change = row["updatedBy"], row["change"]
             out.append(f"v{row['version']:<4} {when} {who:<12} {change:<8} {row['ruleState']:<7} {describe(row)}")
@@ -350,10 +455,8 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
 
 
 def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> list[str]:
-    from fraudrules import tables
     from fraudrules.analyst import shadow
 
-    tables.ensure(spark, cfg, "alerts", "shadow_alerts", "rule_applied", "batches")
     return shadow.compare(spark, cfg, shadow_id, **period).lines(top)
 
 
@@ -363,12 +466,12 @@ def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> l
 def cmd_quality(args: argparse.Namespace) -> int:
     from fraudrules.ops import quality
 
-    check(output_problem(args.report, "--report") if args.report else None)
-    from fraudrules.session import get_spark, on_databricks
-
     cfg = job_config(args)
+    check(output_problem(args.report, "--report") if args.report else None, data_dir_problem(cfg))
+    from fraudrules.session import on_databricks
+
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
-    spark = get_spark("fraudrules-quality", short_lived=True)
+    spark = spark_session("fraudrules-quality", short_lived=True, cfg=cfg)
     try:
         report = quality.run(spark, cfg, dq_dir, max_age_minutes=args.max_age_minutes)
     finally:
@@ -377,10 +480,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report.to_json(), indent=2, default=str))
-    for note in report.notes:
-        print(note)
-    print(report.message())
-    print(f"Data Docs: {report.docs_index}")
+    for line in report.summary_lines():
+        print(line)
     return 0 if report.success else 1
 
 
@@ -394,6 +495,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         facts = json.loads(sys.stdin.read() if args.facts == "-" else Path(args.facts).read_text())
         out = health.judge_facts(facts, th)
     else:
+        check(data_dir_problem(JobConfig(data_dir=args.data_dir), tables=False))
         out = health.status(args.data_dir, th)
     print(json.dumps(out, default=str))
     return 0
@@ -493,9 +595,7 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         metavar="PATH",
         help="login events: a folder, a JSON-lines file or a glob (default <data-dir>/landing/logins)",
     )
-    run.add_argument(
-        "--max-files-per-trigger", type=positive_int, default=None, help="bound of a file micro-batch (files)"
-    )
+    add_records_bound(run)
     run.add_argument("--source", choices=["files", "kafka"], help="default: kafka with a bootstrap, else files")
     run.add_argument("--kafka-bootstrap", help="bootstrap servers (`make run SOURCE=kafka` starts a local broker)")
     run.add_argument(
@@ -518,9 +618,6 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         default="earliest",
         help="where a fresh checkpoint starts reading: earliest, latest or JSON offsets",
     )
-    run.add_argument(
-        "--max-offsets-per-trigger", type=positive_int, default=None, help="bound of a Kafka micro-batch (records)"
-    )
     run.set_defaults(func=cmd_run)
 
 
@@ -542,9 +639,9 @@ def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
     )
     bt.add_argument("--out", required=True, metavar="FILE", help="where the alerts go, as JSON lines")
     bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a fresh temporary one)")
-    bt.add_argument(
-        "--max-files-per-trigger", type=positive_int, default=None, help="files per micro-batch (default: all)"
-    )
+    bt.add_argument("--catalog", help="with --schema: write catalog tables (as the bundle does) instead of paths")
+    bt.add_argument("--schema", help="with --catalog: the schema of its catalog tables")
+    add_records_bound(bt)
     bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
     bt.set_defaults(func=cmd_backtest)
 
@@ -588,7 +685,7 @@ def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="fraudrules",
         description="Dynamic fraud rules on Spark Structured Streaming + Delta Lake: run the job, backtest rules "
         "over files, manage the rules, export tables, check data quality and health.",
@@ -650,6 +747,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"fraudrules {args.command}: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if (why := _died(err)) is None:
+            raise
+        print(f"fraudrules {args.command}: {why}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # no Spark shutdown to run; threads and native libraries still bound to it must not hold the exit
     except KeyboardInterrupt:
         print(f"fraudrules {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -56,7 +56,9 @@ class JobConfig:
     # folder or asks the rules topic for its offsets; nothing is written unless a change came).
     rules_trigger_seconds: float = 0.5
     available_now: bool = False
-    max_files_per_trigger: int | None = None
+    # At most this many records (lines of files, Kafka records) per micro-batch of each source, whatever the sizes
+    # of the files: a backlog or a big file is absorbed in bounded micro-batches, in bounded memory.
+    max_records_per_trigger: int = 100_000
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
     logins: bool = False  # also run the login anomaly detector (seed 000)
     logins_source: str | None = None  # folder of login-event JSON-lines files; default <data>/landing/logins
@@ -69,7 +71,6 @@ class JobConfig:
     kafka_rules_topic: str | None = None  # rule changes from this topic instead of the rules folder
     kafka_alerts_topic: str | None = None  # alerts also published here (at-least-once; key = alertId)
     kafka_starting_offsets: str = "earliest"  # for a fresh checkpoint only: "earliest", "latest" or JSON
-    max_offsets_per_trigger: int | None = None  # bound of a micro-batch read from Kafka (backpressure)
     # The transaction event schema: a file of Spark SQL DDL (`event_schema`); None: the default schema. Rules may
     # name any field it declares. A restart may add fields (bronze gains their columns), not remove one that an
     # ACTIVE rule uses nor change a field's type.
@@ -78,6 +79,8 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.source not in ("files", "kafka"):
             raise ValueError(f"source must be 'files' or 'kafka', not {self.source!r}")
+        if self.max_records_per_trigger < 1:
+            raise ValueError(f"max_records_per_trigger must be positive, not {self.max_records_per_trigger}")
         uses_kafka = self.source == "kafka" or self.kafka_rules_topic or self.kafka_alerts_topic
         if uses_kafka and not self.kafka_bootstrap:
             raise ValueError("Kafka topics are configured but kafka_bootstrap is not")
@@ -93,6 +96,12 @@ class JobConfig:
         if self.uses_catalog:
             return f"{self.catalog}.{self.schema}.{name}"
         return os.path.abspath(os.path.join(self.data_dir, "tables", name))
+
+    @property
+    def local_catalog(self) -> str | None:
+        """Catalog tables outside Databricks: the folder of the local session's catalog (a Hive metastore and its
+        warehouse), so that they outlive the JVM as Unity Catalog's do."""
+        return os.path.abspath(os.path.join(self.data_dir, "catalog")) if self.uses_catalog else None
 
     def checkpoint(self, query: str) -> str:
         root = self.checkpoint_root or os.path.join(self.data_dir, "checkpoints")
@@ -127,7 +136,7 @@ class JobConfig:
 
 
 # Settings that only mean something when the source is Kafka (as the CLI and the notebooks have always used them).
-_KAFKA_ONLY = ("kafka_", "max_offsets_per_trigger")
+_KAFKA_ONLY = ("kafka_",)
 _TRUE = ("1", "true", "yes", "y", "on")
 
 

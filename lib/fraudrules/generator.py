@@ -169,35 +169,47 @@ def _zipf_weights(n: int, s: float) -> np.ndarray:
 
 
 def write_jsonl(folder: str, transactions: Iterator[dict], per_file: int = 5_000, prefix: str = "part") -> int:
-    """Write transactions as numbered JSON-lines files (atomic renames); returns how many were written."""
+    """Write transactions as numbered JSON-lines files (atomic renames), each modified at least a millisecond after
+    the one before: the file source takes files in modification-time order, so a bounded micro-batch
+    (`--max-records-per-trigger`) reads them as written, never the later events first and the earlier ones late.
+    Returns how many transactions were written."""
     os.makedirs(folder, exist_ok=True)
-    n, chunk, index = 0, [], 0
+    n, chunk, index, last_ms = 0, [], 0, 0
     for tx in transactions:
         chunk.append(tx)
         if len(chunk) == per_file:
-            _write_file(folder, f"{prefix}-{index:06d}.json", chunk)
+            last_ms = _write_file(folder, f"{prefix}-{index:06d}.json", chunk, after_ms=last_ms)
             n, chunk, index = n + len(chunk), [], index + 1
     if chunk:
-        _write_file(folder, f"{prefix}-{index:06d}.json", chunk)
+        _write_file(folder, f"{prefix}-{index:06d}.json", chunk, after_ms=last_ms)
         n += len(chunk)
     return n
 
 
-def _write_file(folder: str, name: str, rows: list[dict]) -> None:
+def _write_file(folder: str, name: str, rows: list[dict], after_ms: int = 0) -> int:
+    """Write `rows` as `folder/name`, modified in a later millisecond than `after_ms`; its modification time (ms)."""
     # Written beside the folder, then renamed in: the file source never sees a half-written file.
     # A unique temporary name: writers of sibling folders share the parent and may pick the same `name`.
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=os.path.dirname(os.path.abspath(folder)))
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    modified_ms = os.stat(tmp).st_mtime_ns // 1_000_000
+    if modified_ms <= after_ms:
+        modified_ms = after_ms + 1
+        os.utime(tmp, ns=(modified_ms * 1_000_000, modified_ms * 1_000_000))
     os.replace(tmp, os.path.join(folder, name))
+    return modified_ms
 
 
 class PacedWriter(threading.Thread):
     """Emits `rate` events per second in ticks of `tick_s`, stamping ingestionTimestamp; subclasses
     say where a tick's events go (`emit`) and what to do at the end (`close`).
 
-    With `realtime`, the event's time field is the wall clock as well (the `make run` demo);
-    otherwise the workload's own event times are kept (benchmarks).
+    With `realtime`, the event's time field is the wall clock as well (the `make run` demo): the moment the paced
+    stream was due to produce the event, its tick's events spread over the tick's interval. Times then increase
+    strictly, each event at its own millisecond, for up to 1,000 events a second, even when the writer falls
+    behind and catches up in quick ticks (stamping a tick's events with one moment made two logins of one user
+    from one IP identical events); otherwise the workload's own event times are kept (benchmarks).
     """
 
     def __init__(
@@ -227,6 +239,7 @@ class PacedWriter(threading.Thread):
 
     def run(self) -> None:
         started, tick = time.time(), 0
+        tick_ms = int(self.tick_s * 1000)
         try:
             while not self._halt.is_set() and (self.limit is None or self.written < self.limit):
                 tick += 1
@@ -237,10 +250,11 @@ class PacedWriter(threading.Thread):
                 rows = list(itertools.islice(self.events, max(0, due)))
                 if due > 0 and not rows:
                     break  # the workload is exhausted
-                for event in rows:
+                due_from = int(started * 1000) + (tick - 2) * tick_ms  # the tick's events were due by now
+                for k, event in enumerate(rows):
                     event["ingestionTimestamp"] = now
                     if self.realtime:
-                        event[self.time_field] = now
+                        event[self.time_field] = due_from + (k + 1) * tick_ms // len(rows)
                 if rows:
                     self.emit(rows, now, tick)
                     self.written += len(rows)

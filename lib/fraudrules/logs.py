@@ -20,6 +20,7 @@ local JVM is also kept to errors:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -91,6 +92,21 @@ def _forward(read_end: int, target: int) -> None:
                 while line:
                     line = line[os.write(target, line) :]
     os.close(target)
+
+
+def quiet_driver_threads(spark: Any) -> None:
+    """Quiet: the driver's threads that talk to the JVM stay silent about a broken connection. When the JVM dies,
+    every thread still talking to it (the queries' foreachBatch callbacks, PySpark's accumulator server) prints
+    the broken connection with a traceback (Py4J partly through the root logger); the command says what happened
+    once (`failures`)."""
+    if not quiet():
+        return
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    py4j = f"{os.sep}py4j{os.sep}"
+    logging.getLogger().addFilter(lambda record: py4j not in record.pathname)
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda *_: None  # socketserver's own prints the traceback
 
 
 def quiet_python_workers(spark: Any) -> None:

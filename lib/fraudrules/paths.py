@@ -1,7 +1,7 @@
 """Input paths as users give them: a JSON-lines file, a folder of them, or a glob (`landing/part-*.json`).
 
 Standard library only: the command line checks paths with these before it starts Spark, and the file source
-(`engine.sources.file_source`) reads the same three forms.
+(`engine.lines`) reads the same three forms.
 """
 
 from __future__ import annotations
@@ -19,11 +19,6 @@ def is_remote(path: str) -> bool:
 
 def is_glob(path: str) -> bool:
     return any(c in GLOB_CHARS for c in path)
-
-
-def escape_glob(name: str) -> str:
-    """A literal file name as a Hadoop glob pattern (special characters backslash-escaped)."""
-    return "".join("\\" + c if c in GLOB_CHARS or c in "\\]}" else c for c in name)
 
 
 def _hadoop_glob(pattern: str) -> list[str]:

@@ -1,8 +1,8 @@
 """Spark session: local Spark + Delta + RocksDB state store here, the cluster's session on Databricks.
 
-Locally the Delta and Kafka-connector jars come from the folder named by `FRAUDRULES_JARS` (the Makefile
-sets it to the repository's `.jars/spark`, which `make setup` fills with Maven), else from `.jars/spark`
-under the current directory.
+Locally the Delta and Kafka-connector jars come from the folder named by `FRAUDRULES_JARS`, else, for an
+editable install (`make setup`), from its repository's `.jars/spark`, which `make setup` fills with Maven: the
+same from any current folder. An installed wheel has no jars of its own: it needs `FRAUDRULES_JARS`.
 
 A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner
 (a process's first Delta read takes ~8 s here, later ones well under 1 s). Two remedies, both for local sessions:
@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import re
 import sys
-from importlib import resources
+from importlib import metadata, resources
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -32,7 +35,9 @@ from fraudrules.config import JobConfig
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
-DEFAULT_JARS = os.path.join(".jars", "spark")
+JARS_ENV = "FRAUDRULES_JARS"
+REQUIRED_JARS = ("delta-spark_", "delta-storage-")  # a local session cannot read or write a table without them
+DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
 # Hadoop's local file system without a forked `chmod` per created file (jvm/localfs), built by `make setup` into
 # the jars folder's driver/ (not a Spark jar: the driver's class path, where Hadoop looks file systems up)
 LOCAL_FS = "io.fraudrules.hadoop.NoForkLocalFileSystem"
@@ -69,17 +74,60 @@ def background_thread(spark: SparkSession) -> None:
         spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
 
 
-def jars_folder() -> str:
-    return os.path.abspath(os.environ.get("FRAUDRULES_JARS") or DEFAULT_JARS)
+def driver_memory() -> str:
+    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 3g. The heap grows to its maximum under the job's
+    allocation rate and stays there: with 4g, `make bench` peaked at 3.9 GiB for the whole process tree; with 3g, at
+    3.1 GiB, as fast (README, Performance)."""
+    return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
+
+
+def source_tree() -> Path | None:
+    """The repository of an editable install (`make setup`), as its record says (PEP 610: `direct_url.json`);
+    None for an installed wheel."""
+    try:
+        record = json.loads(metadata.distribution("fraudrules").read_text("direct_url.json") or "{}")
+    except metadata.PackageNotFoundError:
+        return None
+    url = urlparse(str(record.get("url", "")))
+    editable = bool(record.get("dir_info", {}).get("editable"))
+    return Path(unquote(url.path)) if editable and url.scheme == "file" else None
+
+
+def jars_folder() -> str | None:
+    """`FRAUDRULES_JARS`, else the `.jars/spark` of the repository of an editable install (None for a wheel)."""
+    if os.environ.get(JARS_ENV):
+        return os.path.abspath(os.environ[JARS_ENV])
+    repo = source_tree()
+    return str(repo / ".jars" / "spark") if repo else None
+
+
+def jars_problem() -> str | None:
+    """Why a local session cannot start for want of its jars, in one line; None when they are there."""
+    folder = jars_folder()
+    if folder is None:
+        return (
+            f"no Spark jars: set {JARS_ENV} to a folder holding the Delta and Kafka jars (an installed fraudrules has "
+            "none of its own; `make setup` puts them in the repository's .jars/spark)"
+        )
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.jar"))]
+    if not names:
+        return f"no jars in {folder}: run `make setup` in the repository, or point {JARS_ENV} at a folder of them"
+    missing = [prefix for prefix in REQUIRED_JARS if not any(n.startswith(prefix) for n in names)]
+    return f"no {' or '.join(m + '*.jar' for m in missing)} in {folder}: run `make setup` again" if missing else None
+
+
+def jars_file(name: str) -> str | None:
+    """A file of the jars folder (the no-fork file system's jar, the class-data archive); None without a folder."""
+    folder = jars_folder()
+    return os.path.join(folder, name) if folder else None
 
 
 def local_jars() -> list[str]:
-    """The jars of `FRAUDRULES_JARS`, else of ./.jars/spark; raises when there are none."""
-    folder = jars_folder()
-    jars = sorted(glob.glob(os.path.join(folder, "*.jar")))
-    if not jars:
-        raise RuntimeError(f"no jars in {folder}: run `make setup` first, or point FRAUDRULES_JARS at them")
-    return jars
+    """The jars of `jars_folder()`; raises RuntimeError saying why when they are not there."""
+    problem = jars_problem()
+    if problem:
+        raise RuntimeError(problem)
+    return sorted(glob.glob(os.path.join(str(jars_folder()), "*.jar")))
 
 
 def local_fs_options(master: str) -> dict[str, str]:
@@ -88,20 +136,33 @@ def local_fs_options(master: str) -> dict[str, str]:
     of the whole driver JVM for every file it creates: checkpoint logs, state store and Parquet files, several
     per micro-batch (walCommit and commitOffsets took 9-11 ms each, 2 ms without). Delta's own log writes go
     through Hadoop's FileContext, which this does not change."""
-    jar = os.path.join(jars_folder(), LOCAL_FS_JAR)
-    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or not os.path.exists(jar):
+    jar = jars_file(LOCAL_FS_JAR)
+    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or jar is None or not os.path.exists(jar):
         return {}
     return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
 
 
-def jvm_options(short_lived: bool) -> str:
+def local_catalog_options(folder: str) -> dict[str, str]:
+    """A local session's catalog in `folder`, for catalog tables (`catalog`/`schema` set) outside Databricks: a
+    Hive metastore (embedded Derby) and a warehouse, kept across JVMs as Unity Catalog keeps a cluster's tables."""
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": os.path.join(folder, "warehouse"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={folder}/metastore_db;create=true",
+    }
+
+
+def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
     """The local driver JVM's options: logging, the class-data archive (when there is one; an archive that
-    does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived commands."""
-    archive = os.path.join(jars_folder(), CLASS_ARCHIVE)
+    does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived commands,
+    Derby's home (its log) in the local catalog's folder."""
+    archive = jars_file(CLASS_ARCHIVE)
     options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
-    if os.environ.get(TRAIN_ENV):
+    if catalog:
+        options.append(f"-Dderby.system.home={catalog}")
+    if os.environ.get(TRAIN_ENV) and archive:
         options.append(f"-XX:ArchiveClassesAtExit={archive}")
-    elif os.path.exists(archive):
+    elif archive and os.path.exists(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     if short_lived:
         options.extend(C1_ONLY)
@@ -109,10 +170,16 @@ def jvm_options(short_lived: bool) -> str:
 
 
 def get_spark(
-    app: str = "fraudrules", shuffle_partitions: int = JobConfig.shuffle_partitions, short_lived: bool = False
+    app: str = "fraudrules",
+    shuffle_partitions: int = JobConfig.shuffle_partitions,
+    short_lived: bool = False,
+    cfg: JobConfig | None = None,
 ) -> SparkSession:
     """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
-    that ends within minutes (local JVM tuned to start fast, see above), not the continuous job."""
+    that ends within minutes (local JVM tuned to start fast, see above), not the continuous job. `cfg`: the job's
+    configuration (its shuffle partitions; a local catalog for its catalog tables)."""
+    catalog = cfg.local_catalog if cfg else None
+    shuffle_partitions = cfg.shuffle_partitions if cfg else shuffle_partitions
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -126,9 +193,7 @@ def get_spark(
             .config("spark.jars", ",".join(local_jars()))
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            # The heap grows to its maximum under the job's allocation rate and stays there: with 4g, `make bench`
-            # peaked at 3.9 GiB for the whole process tree; with 3g, at 3.1 GiB, as fast (README, Performance)
-            .config("spark.driver.memory", os.environ.get("FRAUDRULES_DRIVER_MEMORY", "3g"))
+            .config("spark.driver.memory", driver_memory())
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -144,8 +209,10 @@ def get_spark(
             .config("spark.scheduler.allocation.file", str(resources.files("fraudrules").joinpath(POOLS)))
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
-            .config("spark.driver.extraJavaOptions", jvm_options(short_lived))  # logs quiet from its first line
+            .config("spark.driver.extraJavaOptions", jvm_options(short_lived, catalog))  # quiet from its first line
         )
+        for key, value in local_catalog_options(catalog).items() if catalog else ():
+            builder = builder.config(key, value)
         new_jvm = SparkContext._gateway is None
         if new_jvm:  # a class path is the JVM's from its launch: only for a new one
             for key, value in local_fs_options(master).items():
@@ -153,6 +220,7 @@ def get_spark(
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()
         logs.quiet_python_workers(spark)
+        logs.quiet_driver_threads(spark)
         spark.sparkContext.setLogLevel(logs.level())
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -1,4 +1,4 @@
-"""Delta tables of the project: schemas, creation, reads, idempotent appends, export."""
+"""Delta tables of the project: schemas, creation, reads, the table writer (idempotent appends), export."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import os
 import re
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -25,6 +27,7 @@ from fraudrules.config import JOB_TABLES, JobConfig
 from fraudrules.event_schema import DEFAULT as DEFAULT_EVENTS
 from fraudrules.event_schema import SchemaError
 from fraudrules.paths import is_remote
+from fraudrules.session import on_databricks
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable as RustTable
@@ -110,8 +113,8 @@ def evolve_bronze(spark: SparkSession, cfg: JobConfig) -> list[str]:
     """Give bronze `transactions` the columns of fields the event schema added (Delta schema evolution: an empty
     append with mergeSchema); the fields added. SchemaError when a declared field has another type there."""
     declared = schema(spark, "transactions", cfg)
-    if native(cfg):
-        existing = StructType.fromJson(json.loads(_rust_table(cfg, "transactions").schema().to_json()))
+    if uses_delta_rs(cfg):
+        existing = StructType.fromJson(json.loads(DeltaRsWriter(spark, cfg).table("transactions").schema().to_json()))
     else:
         existing = read(spark, cfg, "transactions").schema
     added, changed = _missing(declared, existing)
@@ -142,6 +145,8 @@ def schema(spark: SparkSession, name: str, cfg: JobConfig | None = None) -> Stru
 
 def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
     """Create the named tables (by default the job's) that do not exist yet; returns their names."""
+    if cfg.uses_catalog and not on_databricks():  # a local catalog starts empty (Unity Catalog's schema is made)
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.catalog}.{cfg.schema}")
     missing = [n for n in names or JOB_TABLES if not exists(spark, cfg, n)]
     if not cfg.uses_catalog:
         for name in missing:
@@ -196,12 +201,10 @@ def first_commit(path: str, schema_json: str) -> None:
 
 
 def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
-    builder = DeltaTable.createIfNotExists(spark).tableName(cfg.table(name))
-    for key, value in PROPERTIES.items():
-        builder = builder.property(key, value)
-    for field in schema(spark, name, cfg).fields:
-        builder = builder.addColumn(field.name, field.dataType, nullable=field.nullable)
-    builder.execute()
+    """A catalog table, in SQL: Delta's table builder takes no three-part name outside Databricks."""
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema(spark, name, cfg).fields)
+    properties = ", ".join(f"'{k}' = '{v}'" for k, v in PROPERTIES.items())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {cfg.table(name)} ({columns}) USING delta TBLPROPERTIES ({properties})")
 
 
 def read(spark: SparkSession, cfg: JobConfig, name: str) -> DataFrame:
@@ -230,146 +233,185 @@ def delta(spark: SparkSession, cfg: JobConfig, name: str) -> DeltaTable:
     return DeltaTable.forPath(spark, cfg.table(name))
 
 
-def append(df: DataFrame, cfg: JobConfig, name: str, marker: str | None = None) -> None:
-    """Append in one commit; `marker` goes into the commit's userMetadata (see Ledger)."""
-    writer = conform(df, name, cfg).write.format("delta").mode("append")
-    if marker is not None:
-        writer = writer.option("userMetadata", marker)
-    if cfg.uses_catalog:
-        writer.saveAsTable(cfg.table(name))
-    else:
-        writer.save(cfg.table(name))
+Rows = pa.Table | list[dict]
 
 
-class Ledger:
-    """Exactly-once appends of numbered batches by one writer (`app`) to one table.
+@dataclass(frozen=True)
+class Txn:
+    """Delta's own idempotence (a SetTransaction action): the commit holding (app, version) is made at most once,
+    and a table skips an append whose version for its app is not above the last it recorded."""
 
-    Each append records {"app", "batch"} in its commit's userMetadata; a batch at or below the last one
-    recorded is skipped. The last one is read back from the table's history once per process, so an
-    append costs one plain Delta commit (Delta's own txnAppId/txnVersion would rebuild the table state
-    for every commit). One writer per app: the app names a checkpoint, which one query runs at a time.
-    """
+    app: str
+    version: int
 
-    def __init__(self, spark: SparkSession, cfg: JobConfig, name: str, app: str):
-        self.spark, self.cfg, self.name, self.app = spark, cfg, name, app
-        self._last: int | None = None
+    def note(self) -> str:
+        """The commit's userMetadata: which query and micro-batch appended it (for people and analyst views)."""
+        return json.dumps({"app": self.app, "batch": self.version})
 
-    def last(self) -> int:
-        """The last batch this app committed to the table, -1 if none."""
-        if self._last is None:
-            self._last = -1
-            for page in (50, 1000, None):
-                notes = self._user_metadata(page)
-                marks = [json.loads(n) for n in notes if n and n.startswith("{")]
-                found = [m["batch"] for m in marks if m.get("app") == self.app]
-                if found or page is None or len(notes) < page:
-                    self._last = max(found, default=-1)
-                    break
-        return self._last
 
-    def _user_metadata(self, page: int | None) -> list[str | None]:
-        """The userMetadata of the table's newest `page` commits (all with None), newest first."""
-        if native(self.cfg):
-            return [c.get("userMetadata") for c in _rust_table(self.cfg, self.name).history(page)]
-        table = delta(self.spark, self.cfg, self.name)
-        history = table.history(page) if page else table.history()
-        return [r.userMetadata for r in history.select("userMetadata").collect()]
+class TableWriter(ABC):
+    """The small reads and commits of the job's tables, one implementation per JobConfig (`writer`): delta-rs for
+    local path tables, Spark's Delta writer for catalog and remote tables. Both pass the same contract tests
+    (tests/integration/test_tables.py): append, overwrite, appends made exactly once per transaction, reads,
+    counts. Rows are Arrow tables or lists of dicts, conformed to the table's schema (decimals rounded half up to
+    the column's scale, as Spark's cast rounds)."""
 
-    def append(self, rows: DataFrame | pa.Table | list[dict], batch: int) -> bool:
-        """Append unless this batch is already in; True when it appended."""
-        if batch <= self.last():
-            return False
-        marker = json.dumps({"app": self.app, "batch": batch})
-        if isinstance(rows, DataFrame):
-            append(rows, self.cfg, self.name, marker)
+    def __init__(self, spark: SparkSession, cfg: JobConfig):
+        self.spark, self.cfg = spark, cfg
+
+    @abstractmethod
+    def append(self, name: str, rows: Rows, txn: Txn | None = None) -> None:
+        """Append the rows in one commit; with `txn`, unless the table already has that transaction."""
+
+    @abstractmethod
+    def overwrite(self, name: str, rows: Rows) -> None:
+        """Replace the table's rows in one commit."""
+
+    @abstractmethod
+    def arrow(self, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """A (small) table's rows as Arrow: timestamps in UTC, decimals exact."""
+
+    @abstractmethod
+    def count(self, name: str) -> int:
+        """A table's row count."""
+
+    def target(self, name: str) -> pa.Schema:
+        return _arrow_schema(self.spark, name, self.cfg)
+
+    def rows(self, name: str, rows: Rows) -> pa.Table:
+        return conform_arrow(rows, self.target(name))
+
+
+class DeltaRsWriter(TableWriter):
+    """Local path tables through delta-rs, the Rust implementation of the same protocol: ~20 ms a commit, where a
+    Spark Delta commit costs the driver 0.3-1 s (a planned write job, a snapshot, the log) and a core meanwhile."""
+
+    def table(self, name: str) -> RustTable:
+        from deltalake import DeltaTable as RustTable
+
+        return RustTable(self.cfg.table(name))
+
+    def target(self, name: str) -> pa.Schema:
+        return pa.schema(self.table(name).schema().to_arrow())
+
+    def append(self, name: str, rows: Rows, txn: Txn | None = None) -> None:
+        table = self.table(name)
+        if txn is not None and _at_least(table.transaction_version(txn.app), txn.version):
+            return  # delta-rs records transactions but leaves the check to its caller
+        self._write(table, rows, "append", txn)
+
+    def overwrite(self, name: str, rows: Rows) -> None:
+        self._write(self.table(name), rows, "overwrite", None)
+
+    def _write(self, table: RustTable, rows: Rows, mode: str, txn: Txn | None) -> None:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        data = conform_arrow(rows, pa.schema(table.schema().to_arrow()))
+        properties = CommitProperties(
+            custom_metadata={"userMetadata": txn.note()} if txn else None,
+            app_transactions=[Transaction(txn.app, txn.version)] if txn else None,
+        )
+        write_deltalake(table, data, mode=mode, commit_properties=properties)
+
+    def arrow(self, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+        # Arrow's own local filesystem reads the files: scanned through delta-rs's, a process sometimes aborted
+        # at exit ("terminate called without an active exception", 2 short scripts in 12)
+        files = pafs.SubTreeFileSystem(self.cfg.table(name), pafs.LocalFileSystem())  # an absolute path
+        dataset = self.table(name).to_pyarrow_dataset(filesystem=files)
+        return pa.table(dataset.to_table(columns=list(columns) if columns else None))
+
+    def count(self, name: str) -> int:
+        """From the data files' statistics when every file has them, else by reading the table."""
+        records = pa.table(self.table(name).get_add_actions(flatten=True)).column("num_records")
+        if records.null_count == 0:
+            return int(pc.sum(records).as_py() or 0)
+        return self.arrow(name, [self.target(name).names[0]]).num_rows
+
+
+class SparkWriter(TableWriter):
+    """Spark's Delta writer, as on a cluster: Unity Catalog tables by name (`saveAsTable`), other tables by path.
+    A commit with a transaction costs Delta a look at the table's transactions (docs/performance.md)."""
+
+    def append(self, name: str, rows: Rows, txn: Txn | None = None) -> None:
+        writer = self._frame(name, rows).write.format("delta").mode("append")
+        if txn is not None:
+            writer = writer.option("txnAppId", txn.app).option("txnVersion", str(txn.version))
+            writer = writer.option("userMetadata", txn.note())
+        self._save(writer, name)
+
+    def overwrite(self, name: str, rows: Rows) -> None:
+        self._save(self._frame(name, rows).write.format("delta").mode("overwrite"), name)
+
+    def _frame(self, name: str, rows: Rows) -> DataFrame:
+        # one file: a stream of the table with a files bound never splits the commit
+        return self.spark.createDataFrame(self.rows(name, rows)).coalesce(1)
+
+    def _save(self, writer, name: str) -> None:
+        if self.cfg.uses_catalog:
+            writer.saveAsTable(self.cfg.table(name))
         else:
-            write(self.spark, self.cfg, self.name, rows, marker=marker)
-        self._last = batch
-        return True
+            writer.save(self.cfg.table(name))
+
+    def arrow(self, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+        df = read(self.spark, self.cfg, name)
+        return (df.select(*columns) if columns else df).toArrow()
+
+    def count(self, name: str) -> int:
+        return read(self.spark, self.cfg, name).count()
 
 
-def overwrite(df: DataFrame, cfg: JobConfig, name: str) -> None:
-    """Replace the table's rows in one commit."""
-    writer = conform(df, name, cfg).write.format("delta").mode("overwrite")
-    if cfg.uses_catalog:
-        writer.saveAsTable(cfg.table(name))
-    else:
-        writer.save(cfg.table(name))
+def _at_least(recorded: int | None, version: int) -> bool:
+    return recorded is not None and recorded >= version
 
 
-# Small reads and commits without the JVM. A Spark Delta commit costs the driver ~0.3-0.5 s (a planned write job,
-# a snapshot, the log), several seconds in a JVM that has not made one yet, and it takes a core from the evaluation
-# meanwhile. The job makes many small ones off its data path: results and heartbeats, rule changes, the rules
-# table. On local path tables those go through delta-rs (the Rust implementation of the same protocol: same
-# commits, same userMetadata, checkpoints at the table's interval) in ~20 ms. Unity Catalog and remote tables,
-# and rows whose cast Spark does differently (a decimal with more digits than its column), take Spark's writer.
-def native(cfg: JobConfig) -> bool:
-    """Whether the table's small reads and commits go through delta-rs (local path tables, `deltalake` there)."""
+def uses_delta_rs(cfg: JobConfig) -> bool:
+    """Local path tables, with `deltalake` installed: their small commits and reads go through delta-rs."""
     return not cfg.uses_catalog and not is_remote(cfg.data_dir) and importlib.util.find_spec("deltalake") is not None
 
 
-def _rust_table(cfg: JobConfig, name: str) -> RustTable:
-    from deltalake import DeltaTable as RustTable
-
-    return RustTable(cfg.table(name))
-
-
-def arrow(spark: SparkSession, cfg: JobConfig, name: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """A (small) table's rows as Arrow: timestamps in UTC, decimals exact."""
-    if native(cfg):
-        # Arrow's own local filesystem reads the files: scanned through delta-rs's, a process sometimes aborted
-        # at exit ("terminate called without an active exception", 2 short scripts in 12)
-        files = pafs.SubTreeFileSystem(cfg.table(name), pafs.LocalFileSystem())  # an absolute path (JobConfig.table)
-        dataset = _rust_table(cfg, name).to_pyarrow_dataset(filesystem=files)
-        return pa.table(dataset.to_table(columns=list(columns) if columns else None))
-    df = read(spark, cfg, name)
-    return (df.select(*columns) if columns else df).toArrow()
+def writer(spark: SparkSession, cfg: JobConfig) -> TableWriter:
+    """The table writer of a configuration: delta-rs for local path tables, Spark's Delta writer otherwise."""
+    return DeltaRsWriter(spark, cfg) if uses_delta_rs(cfg) else SparkWriter(spark, cfg)
 
 
-def count(spark: SparkSession, cfg: JobConfig, name: str) -> int:
-    """A table's row count: from the data files' statistics when every file has them, else by reading it."""
-    if native(cfg):
-        records = pa.table(_rust_table(cfg, name).get_add_actions(flatten=True)).column("num_records")
-        if records.null_count == 0:
-            return int(pc.sum(records).as_py() or 0)
-    return read(spark, cfg, name).count()
+_ARROW_SCHEMAS: dict[str, pa.Schema] = {}
 
 
-def write(
-    spark: SparkSession,
-    cfg: JobConfig,
-    name: str,
-    rows: pa.Table | list[dict],
-    mode: str = "append",
-    marker: str | None = None,
-) -> None:
-    """Append (or with mode "overwrite", replace) rows in one commit; `marker` goes into its userMetadata."""
-    if native(cfg):
-        from deltalake import CommitProperties, write_deltalake
+def _arrow_schema(spark: SparkSession, name: str, cfg: JobConfig) -> pa.Schema:
+    """A table's columns as Arrow types (timestamps in UTC microseconds, as Delta stores them)."""
+    text = ddl(name, cfg)
+    if text not in _ARROW_SCHEMAS:
+        from pyspark.sql.pandas.types import to_arrow_schema
 
-        target = _rust_table(cfg, name)
-        try:
-            data = _conform_arrow(rows, pa.schema(target.schema().to_arrow()))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            data = None  # Spark's cast (rounding) decides, as for every other table
-        if data is not None:
-            metadata = {"userMetadata": marker} if marker is not None else None
-            write_deltalake(target, data, mode=mode, commit_properties=CommitProperties(custom_metadata=metadata))
-            return
-    df = spark.createDataFrame(rows) if isinstance(rows, pa.Table) else spark.createDataFrame(rows, SCHEMAS[name])
-    df = df.coalesce(1)  # one file: a stream with maxFilesPerTrigger never splits the commit
-    if mode == "overwrite":
-        overwrite(df, cfg, name)
-    else:
-        append(df, cfg, name, marker)
+        _ARROW_SCHEMAS[text] = to_arrow_schema(schema(spark, name, cfg), timezone="UTC")
+    return _ARROW_SCHEMAS[text]
 
 
-def _conform_arrow(rows: pa.Table | list[dict], target: pa.Schema) -> pa.Table:
-    """Rows with the table's columns, in order, cast (safely: no rounding, no overflow) to its types."""
+def conform_arrow(rows: Rows, target: pa.Schema) -> pa.Table:
+    """Rows with the table's columns, in order, cast to its types: decimals rounded half up to the column's scale
+    (as Spark's cast rounds), no other rounding or overflow."""
     if not isinstance(rows, pa.Table):
-        return pa.Table.from_pylist(rows, schema=target)
-    columns = [rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows) for f in target]
-    return pa.table([c.cast(f.type) for c, f in zip(columns, target, strict=True)], schema=target)
+        rows = pa.Table.from_pylist(rows, schema=pa.schema([_widest(f) for f in target]))
+    missing = pa.nulls(rows.num_rows)  # bronze keeps the column of a field the event schema no longer declares
+    columns = [rows.column(f.name) if f.name in rows.column_names else missing for f in target]
+    return pa.table([_cast(c, f.type) for c, f in zip(columns, target, strict=True)], schema=target)
+
+
+WIDE_DECIMAL = pa.decimal256(76, 38)  # takes any value of the tables' decimal columns, and more digits
+
+
+def _widest(field: pa.Field) -> pa.Field:
+    """A field that takes the column's Python values without loss."""
+    return pa.field(field.name, WIDE_DECIMAL) if pa.types.is_decimal(field.type) else field
+
+
+def _cast(column: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    if pa.types.is_decimal(kind):
+        if not pa.types.is_decimal(column.type):  # text (the outbox's exact aggregates) or integers
+            column = column.cast(WIDE_DECIMAL)
+        if column.type.scale > kind.scale:  # Spark's cast rounds half up: ties away from zero
+            column = pc.round(column, ndigits=kind.scale, round_mode="half_towards_infinity")
+    return column.cast(kind)
 
 
 def conform(df: DataFrame, name: str, cfg: JobConfig | None = None) -> DataFrame:
@@ -415,18 +457,3 @@ def to_json_line(record: dict) -> str:
 
     text = json.dumps({k: conv(v) for k, v in record.items()}, default=str)
     return re.sub(r'"\\u0000num:([^"]*)"', r"\1", text)
-
-
-class Ledgers:
-    """A query's ledgers, one per table it writes, made on first use (the query id is in the checkpoint
-    once the query runs)."""
-
-    def __init__(self, cfg: JobConfig, query: str):
-        self.cfg, self.query = cfg, query
-        self.by_table: dict[str, Ledger] = {}
-
-    def get(self, spark: SparkSession, name: str) -> Ledger:
-        if name not in self.by_table:
-            app = f"{self.query}:{self.cfg.query_id(self.query)}"
-            self.by_table[name] = Ledger(spark, self.cfg, name, app)
-        return self.by_table[name]

@@ -50,7 +50,7 @@ def test_databricks_targets_use_the_providers_operators(bag):
     assert quality["extra_links"] == ["See Databricks Job Run"]
     start = bag["dags"]["fraud_stream"]["tasks"]["start_databricks"]
     assert start["operator"] == "DatabricksRunNowOperator" and start["extra_links"] == ["See Databricks Job Run"]
-    assert bag["dags"]["fraud_data_quality"]["tasks"]["validate"]["operator"] == "_PythonExternalDecoratedOperator"
+    assert bag["dags"]["fraud_data_quality"]["tasks"]["validate"]["operator"] == "_PythonDecoratedOperator"
 
 
 @pytest.mark.parametrize("name", ["fraud_stream.py", "fraud_data_quality.py"])

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -54,7 +56,8 @@ def test_backtest_as_written_is_quiet_and_matches_the_reference(tmp_path):
     assert_quiet(res)
     lines = res.stdout.splitlines()
     assert lines[0] == "transactions: 2,000 valid, logins: 0 valid, 0 quarantined, 0 late"
-    assert lines[-1].startswith("wrote 4,478 alerts to alerts.jsonl (tables in ")
+    assert lines[-1] == "wrote 4,478 alerts to alerts.jsonl"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl"]  # its temporary tables are gone
     alerts = {
         (a["ruleId"], a["transactionId"]): a
         for a in (json.loads(x, parse_float=Decimal) for x in (tmp_path / "alerts.jsonl").read_text().splitlines())
@@ -130,6 +133,12 @@ def test_rules_commands_as_written(tmp_path):
     )
     missing = fraudrules("rules", "delete", "42", cwd=tmp_path)
     assert missing.returncode == 2 and "rule 42: no such rule" in missing.stderr
+    nothing = fraudrules("rules", "history", "4242", cwd=tmp_path)
+    assert (nothing.returncode, nothing.stdout, nothing.stderr) == (
+        2,
+        "",
+        "fraudrules rules: rule 4242: no such rule\n",
+    )
     history = fraudrules("rules", "history", "1", cwd=tmp_path).stdout.splitlines()
     assert [line.split()[0] for line in history] == ["v1", "v2", "v3"]
     invalid = [{**rule, "ruleId": 9, "aggregateFieldName": "colour", "windowMinutes": 0}]
@@ -150,3 +159,35 @@ def test_export_and_status_as_written(tmp_path, backtest_data):
     assert rows and res.stdout == f"wrote {len(rows):,} rows of alerts to a.jsonl\n"
     status = fraudrules("status", "--data-dir", "data", cwd=tmp_path)
     assert status.returncode == 0 and "action" in json.loads(status.stdout)
+
+
+@pytest.mark.e2e
+def test_status_knows_the_job_whichever_command_started_it(tmp_path):
+    """`fraudrules run` started as `make run` starts it (not by the supervisor): `status` sees its process and, once
+    it commits, its heartbeat; a second job on the same data dir is refused; after Ctrl-C it is not running."""
+    log = (tmp_path / "run.log").open("w")
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    job = subprocess.Popen(
+        [*FRAUDRULES, "run", "--rate", "50"], cwd=tmp_path, env=environment, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline, status = time.time() + 240, {}
+        while time.time() < deadline and not (status.get("heartbeat") or {}).get("batches"):
+            time.sleep(2)
+            status = json.loads(fraudrules("status", cwd=tmp_path).stdout)
+            assert job.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+        assert status["flags"]["running"] and status["process"]["pid"] == job.pid, status
+        assert (status["action"], status["reason"]) == ("none", "healthy") and status["heartbeat"]["age_s"] < 60
+        second = fraudrules("run", cwd=tmp_path)
+        assert (second.returncode, second.stderr) == (
+            2,
+            f"fraudrules run: a job already runs on {tmp_path / 'data'}: process {job.pid}\n",
+        )
+    finally:
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=180)
+        log.close()
+    assert "stopped cleanly" in (tmp_path / "run.log").read_text()
+    after = json.loads(fraudrules("status", cwd=tmp_path).stdout)
+    assert (after["flags"]["running"], after["action"]) == (False, "start")
+    assert after["reason"] == f"process {job.pid} is not running"

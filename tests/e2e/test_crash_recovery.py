@@ -8,13 +8,19 @@ import json
 import pytest
 
 from fraudrules import event_schema
-from tools.crash_demo import Demo, Report
+from tools.crash_demo import PRODUCTION_SHARDS, Demo, Report
 
 pytestmark = pytest.mark.e2e
 
 
-def test_sigkill_and_restart_loses_and_duplicates_nothing(tmp_path, request):
-    demo = Demo(root=str(tmp_path / "demo"), count=400, logins_count=160, per_file=135, seed=11).prepare()
+@pytest.mark.parametrize("production", [False, True], ids=["local", "production"])
+def test_sigkill_and_restart_loses_and_duplicates_nothing(tmp_path, request, production):
+    """Locally (delta-rs, 2 shards, the vectorized input) and as the bundle runs (catalog tables through Spark's
+    Delta writer, 16 shards and state partitions, PySpark's own input regrouping)."""
+    shards = PRODUCTION_SHARDS if production else 2
+    demo = Demo(root=str(tmp_path / "demo"), count=400, logins_count=160, per_file=135, seed=11, shards=shards)
+    demo.production = production
+    demo.prepare()
     report = Report(kills=demo.crash_loop(kills=3, rng_seed=11, max_steps=1))
     spark = request.getfixturevalue("spark")  # only now: no second Spark while the child runs
     demo.compare(spark, report)

@@ -119,7 +119,7 @@ def _config(tmp_path, kafka, tx_topic: str, max_offsets: int, **topics: str) -> 
         source="kafka",
         kafka_bootstrap=kafka.bootstrap,
         kafka_transactions_topic=tx_topic,
-        max_offsets_per_trigger=max_offsets,
+        max_records_per_trigger=max_offsets,
         **topics,
     )
 
@@ -183,7 +183,8 @@ def test_kafka_in_and_out_matches_the_reference(spark, kafka, tmp_path):
     assert tables.read(spark, cfg, "late_events").count() == 0
     from_kafka = [s.numInputRows for p in progress for s in p.sources if "Kafka" in s.description]
     assert sum(from_kafka) == len(records)  # the evaluation query read every record once (besides the rule changes)
-    # maxOffsetsPerTrigger bounds the Kafka source; the rule-change stream's rows may share a micro-batch
+    # max_records_per_trigger (maxOffsetsPerTrigger) bounds the Kafka source; the rule-change stream's rows may
+    # share a micro-batch
     assert max(from_kafka) <= 250 and len(progress) >= 3
 
     errors = tables.read(spark, cfg, "rule_errors").collect()

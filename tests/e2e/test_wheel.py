@@ -36,8 +36,8 @@ SUITES = {
 }
 
 
-def _run(cmd: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+def _run(cmd: list, cwd: Path, timeout: float = 600, drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", *drop)}
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -98,6 +98,15 @@ def test_installed_cli_and_quality_run_outside_the_repository(venv, backtest_dat
     # The tables of a real run without its checkpoints: the state cannot be found, so the check fails saying so.
     data = tmp_path / "data"
     shutil.copytree(backtest_data / "tables", data / "tables")
+    # An installed wheel has no jars of its own: without FRAUDRULES_JARS a command says so, on one line.
+    bare = _run(
+        [venv / "bin" / "fraudrules", "rules", "list", "--data-dir", data], cwd=tmp_path, drop=("FRAUDRULES_JARS",)
+    )
+    assert (bare.returncode, bare.stdout) == (2, ""), bare.stderr[-3000:]
+    assert (
+        bare.stderr.startswith("fraudrules rules: no Spark jars: set FRAUDRULES_JARS to a folder")
+        and len(bare.stderr.splitlines()) == 1
+    ), bare.stderr
     report = tmp_path / "report.json"
     proc = _run([venv / "bin" / "fraudrules", "quality", "--data-dir", data, "--report", report], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.spark
 
 
 def test_wait_commits_every_batch_once_and_ends_the_committers(spark, tmp_path):
-    cfg = JobConfig(data_dir=str(tmp_path), available_now=True, max_files_per_trigger=1)
+    cfg = JobConfig(data_dir=str(tmp_path), available_now=True, max_records_per_trigger=300)
     tables.ensure(spark, cfg)
     store.upsert(spark, cfg, load_rules_file(str(RULES)), "test")
     write_jsonl(cfg.landing, Workload(count=900).transactions(), per_file=300)
@@ -25,7 +25,7 @@ def test_wait_commits_every_batch_once_and_ends_the_committers(spark, tmp_path):
     assert not [c.name for c in running.committers if c.is_alive()]
     beats = tables.read(spark, cfg, "batches").where(f"query = '{EVALUATE_QUERY}'").select("batchId").collect()
     ran = sorted({p.batchId for p in running.evaluate.recentProgress})
-    assert ran[:3] == [0, 1, 2]  # one per file, then the watermark's no-data batch
+    assert ran[:3] == [0, 1, 2]  # one per 300 records (one file each), then the watermark's no-data batch
     assert sorted(r.batchId for r in beats) == ran
     alerts = tables.read(spark, cfg, "alerts")
     assert alerts.count() == alerts.select("alertId").distinct().count() > 0

@@ -141,11 +141,11 @@ def test_a_rich_backtest_equals_the_reference(spark, tmp_path):
     txs = list(RichWorkload(count=6_000, device_burst_every=1_500, gambling_burst_every=1_000).transactions())
     write_jsonl(str(tmp_path / "in"), iter(txs), per_file=2_000)
     rules = [parse_rule({"ruleState": "ACTIVE", "aggregatorFunctionType": "SUM", **r}, schema) for r in RICH_RULES]
-    cfg = JobConfig(data_dir=str(tmp_path / "work"), event_schema=schema_file, max_files_per_trigger=1)
+    cfg = JobConfig(data_dir=str(tmp_path / "work"), event_schema=schema_file, max_records_per_trigger=2_000)
     result = backtest.run(spark, cfg, str(tmp_path / "in"), rules)
     got = {
         (r["ruleId"], r["transactionId"]): Fraction(r["aggregate"])
-        for r in tables.arrow(spark, cfg, "alerts", ["ruleId", "transactionId", "aggregate"]).to_pylist()
+        for r in tables.writer(spark, cfg).arrow("alerts", ["ruleId", "transactionId", "aggregate"]).to_pylist()
     }
     expected, _ = reference.run([txs], [rules], cfg.lateness_ms, schema)
     assert got == expected

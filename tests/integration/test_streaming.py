@@ -10,10 +10,10 @@ from fractions import Fraction
 
 import pytest
 
-from fraudrules.engine import sinks
 from fraudrules.generator import Workload
 from fraudrules.ops import state_reader
 from fraudrules.rules import store
+from tests.conftest import CATALOG_SCHEMA
 from tests.support import reference
 from tests.support.harness import rule
 from tests.support.streams import FileStream
@@ -119,41 +119,17 @@ def test_rule_changes_apply_at_the_next_batch_without_restart(spark, tmp_path):
     assert {(a.transactionId, a.ruleVersion) for a in alerts} == {(2, 1)}
 
 
-@pytest.fixture(params=[sinks.ARROW_INGEST_ROWS, 0], ids=["arrow", "spark-writer"])
-def ingest_rows(request, monkeypatch):
-    """Both ways a bronze micro-batch is committed: collected as Arrow (delta-rs) and, over the bound, Spark's
-    writer."""
-    monkeypatch.setattr(sinks, "ARROW_INGEST_ROWS", request.param)
-    return request.param
+@pytest.fixture(params=["delta-rs", "spark-catalog"])
+def tables_of(request, tmp_path) -> dict:
+    """Both ways the job commits: delta-rs on local path tables, Spark's Delta writer on catalog tables."""
+    if request.param == "delta-rs":
+        return {}
+    return {"catalog": "spark_catalog", "schema": f"{CATALOG_SCHEMA}_{abs(hash(str(tmp_path))) % 10**8}"}
 
 
-@pytest.mark.parametrize(
-    ("sizes", "bound", "collected"),
-    [
-        ((4, 3, 3), 12, 10),  # within every partition's share (12 // 3 = 4): all rows, in order
-        ((4, 0, 3), 12, 7),  # an empty partition
-        ((5, 1, 1), 12, None),  # 7 rows in all, but one partition holds more than its share
-        ((4, 4, 4), 11, None),  # every partition over its share (3)
-        ((0, 0, 0), 0, 0),
-        ((1, 0, 0), 0, None),
-    ],
-)
-def test_a_bronze_batch_is_collected_only_within_each_partitions_share(spark, sizes, bound, collected):
-    """The bound on what a bronze micro-batch collects into the driver holds per partition, without a shuffle."""
-    rows = [(p, i) for p, n in enumerate(sizes) for i in range(n)]
-    parts = spark.sparkContext.parallelize(range(len(sizes)), len(sizes))  # partition p: the rows of part p
-    df = spark.createDataFrame(parts.flatMap(lambda p: [(p, i) for i in range(sizes[p])]), "part int, i int")
-    assert df.rdd.glom().map(len).collect() == list(sizes)
-    table = sinks.collect_bounded(df, bound)
-    if collected is None:
-        assert table is None
-    else:
-        assert table.column_names == ["part", "i"] and table.to_pylist() == [{"part": p, "i": i} for p, i in rows]
-        assert table.num_rows == collected
-
-
-def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_path, ingest_rows):
-    stream = FileStream(spark, str(tmp_path), [rule(1, field="COUNT_FLINK", op="GREATER", limit="0")]).start()
+def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_path, tables_of):
+    count = rule(1, field="COUNT_FLINK", op="GREATER", limit="0")
+    stream = FileStream(spark, str(tmp_path), [count], **tables_of).start()
     good = {
         "transactionId": 1,
         "eventTime": 1000,

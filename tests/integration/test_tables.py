@@ -1,4 +1,7 @@
-"""Tables as created by the job, and their small commits: what Delta reads back."""
+"""Tables as created by the job, and the table writer's contract: what Delta reads back, whichever writer wrote.
+
+Every writer test runs three ways: delta-rs on local path tables (what a laptop runs), Spark's Delta writer on path
+tables, and Spark's Delta writer on catalog tables written with `saveAsTable` (what the bundle runs)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from deltalake import DeltaTable
 from fraudrules import tables
 from fraudrules.config import JOB_TABLES, JobConfig
 from fraudrules.engine.sinks import OUTBOX, TIMES, with_times
+from tests.conftest import CATALOG_SCHEMA
 
 pytestmark = pytest.mark.spark
 
@@ -38,52 +42,83 @@ RULE = {
     "ruleJson": "{}",
     "updatedAt": datetime(2026, 11, 25, 14, 0, 0, 123456, tzinfo=timezone.utc),
 }
+WRITERS = {
+    "delta-rs": (tables.DeltaRsWriter, False),
+    "spark-path": (tables.SparkWriter, False),
+    "spark-catalog": (tables.SparkWriter, True),
+}
 
 
-@pytest.fixture(params=[True, False], ids=["delta-rs", "spark"])
-def writer(request, monkeypatch):
-    """Both ways a small commit is made: delta-rs (local path tables) and Spark's writer (catalog, remote)."""
-    monkeypatch.setattr(tables, "native", lambda cfg: request.param)
-    return request.param
-
-
-def test_small_commits_are_delta_commits_spark_reads(spark, tmp_path, writer):
-    """Appends and overwrites of small tables, by delta-rs or Spark: Spark reads the rows back exactly, the
-    ledger finds its marker, the row count comes from the files' statistics."""
+@pytest.fixture(params=list(WRITERS))
+def made(request, spark, tmp_path) -> tuple[tables.TableWriter, JobConfig]:
+    """A writer of each kind, and the configuration of its tables (fresh ones)."""
+    kind, catalog = WRITERS[request.param]
     cfg = JobConfig(data_dir=str(tmp_path))
+    if catalog:
+        schema = f"{CATALOG_SCHEMA}_{abs(hash(str(tmp_path))) % 10**8}"
+        cfg = cfg.with_(catalog="spark_catalog", schema=schema)
+    return kind(spark, cfg), cfg
+
+
+def test_the_configuration_chooses_the_writer(spark, tmp_path):
+    local = JobConfig(data_dir=str(tmp_path))
+    assert type(tables.writer(spark, local)) is tables.DeltaRsWriter
+    assert type(tables.writer(spark, local.with_(catalog="c", schema="s"))) is tables.SparkWriter
+    assert type(tables.writer(spark, local.with_(data_dir="s3://bucket/fraud"))) is tables.SparkWriter
+
+
+def test_append_overwrite_read_count(spark, made):
+    """Appends and overwrites of small tables: Spark reads the rows back exactly, the writer too, and counts."""
+    writer, cfg = made
     tables.ensure(spark, cfg, "rule_history", "rules")
-    ledger = tables.Ledger(spark, cfg, "rule_history", "app-1")
-    assert ledger.append([RULE, {**RULE, "version": 3}], 5)
-    assert not ledger.append([RULE], 5)  # already in
-    tables.write(spark, cfg, "rules", [RULE], mode="overwrite")
-    tables.write(spark, cfg, "rules", [{**RULE, "version": 3}], mode="overwrite")
+    writer.append("rule_history", [RULE, {**RULE, "version": 3}])
+    writer.overwrite("rules", [RULE])
+    writer.overwrite("rules", [{**RULE, "version": 3}])
 
     back = tables.read(spark, cfg, "rule_history").orderBy("version").collect()
     assert [r.version for r in back] == [2, 3]
     assert back[0].filter[0].asDict(recursive=True) == RULE["filter"][0]
     assert back[0].groupingKeyNames == RULE["groupingKeyNames"] and back[0].sig == RULE["sig"]
     assert back[0].updatedAt == RULE["updatedAt"].replace(tzinfo=None)  # the session's time zone is UTC
-    assert tables.arrow(spark, cfg, "rule_history", ["version", "updatedAt"]).to_pylist()[0] == {
+    assert writer.arrow("rule_history", ["version", "updatedAt"]).sort_by("version").to_pylist()[0] == {
         "version": 2,
         "updatedAt": RULE["updatedAt"],
     }
     assert [r.version for r in tables.read(spark, cfg, "rules").collect()] == [3]
-    assert tables.count(spark, cfg, "rule_history") == 2
-    assert tables.Ledger(spark, cfg, "rule_history", "app-1").last() == 5  # read back from the table's history
-    assert tables.Ledger(spark, cfg, "rule_history", "app-2").last() == -1
+    assert writer.count("rule_history") == 2 and writer.count("rules") == 1
 
 
-def test_a_value_delta_rs_would_not_cast_exactly_goes_through_spark(spark, tmp_path):
-    """Spark rounds a decimal with more digits than its column's scale; the Arrow cast refuses it, and the
-    row takes Spark's writer instead of failing or being rounded differently."""
-    cfg = JobConfig(data_dir=str(tmp_path))
+def test_a_transaction_is_appended_once(spark, made):
+    """Delta's SetTransaction: a commit of (app, version) is made once; a version at or below the app's last is
+    skipped, another app's is not; the commit says which batch it holds."""
+    writer, cfg = made
+    tables.ensure(spark, cfg, "rule_history")
+    writer.append("rule_history", [RULE], tables.Txn("query-a", 5))
+    writer.append("rule_history", [RULE], tables.Txn("query-a", 5))  # a replay
+    writer.append("rule_history", [RULE], tables.Txn("query-a", 4))  # an older batch
+    writer.append("rule_history", [{**RULE, "version": 3}], tables.Txn("query-b", 0))
+    writer.append("rule_history", [{**RULE, "version": 3}], tables.Txn("query-b", 0))  # a replay of batch 0
+    writer.append("rule_history", [{**RULE, "version": 4}], tables.Txn("query-a", 6))
+    assert sorted(r.version for r in tables.read(spark, cfg, "rule_history").collect()) == [2, 3, 4]
+    notes = [r.userMetadata for r in tables.delta(spark, cfg, "rule_history").history().collect()]
+    assert '{"app": "query-a", "batch": 6}' in notes
+
+
+def test_decimals_round_half_up_to_the_column_as_spark_casts(spark, made):
+    """An aggregate with more digits than its column's scale is rounded half up (ties away from zero), the same
+    whichever writer commits it."""
+    writer, cfg = made
     tables.ensure(spark, cfg, "alerts")
-    row = dict.fromkeys(OUTBOX["alerts"].names) | {"alertId": "1:1", "ruleId": 1, "eventTimeMs": 0, "producedAtMs": 0}
-    row |= {"aggregate": "0.1234567890123456789", "limit": "0.5"}
-    rows = with_times(pa.Table.from_pylist([row], schema=OUTBOX["alerts"]), TIMES["alerts"])  # as committed
-    tables.write(spark, cfg, "alerts", rows)
-    [back] = tables.read(spark, cfg, "alerts").collect()
-    assert back.aggregate == Decimal("0.123456789012345679") and back.limit == Decimal("0.5")
+    base = dict.fromkeys(OUTBOX["alerts"].names) | {"ruleId": 1, "eventTimeMs": 0, "producedAtMs": 0, "limit": "0.5"}
+    values = {"a": "0.1234567890123456789", "b": "-0.0000000000000000005", "c": "12345678901234567890.25"}
+    rows = [base | {"alertId": k, "aggregate": v} for k, v in values.items()]
+    writer.append("alerts", with_times(pa.Table.from_pylist(rows, schema=OUTBOX["alerts"]), TIMES["alerts"]))
+    back = {r.alertId: r.aggregate for r in tables.read(spark, cfg, "alerts").collect()}
+    assert back == {
+        "a": Decimal("0.123456789012345679"),
+        "b": Decimal("-0.000000000000000001"),
+        "c": Decimal("12345678901234567890.25"),
+    }
 
 
 def test_a_new_stream_reads_every_row_with_or_without_the_first_commit_in_the_log(spark, tmp_path):
@@ -92,7 +127,7 @@ def test_a_new_stream_reads_every_row_with_or_without_the_first_commit_in_the_lo
     cfg = JobConfig(data_dir=str(tmp_path))
     tables.ensure(spark, cfg, "rule_history")
     for version in (1, 2, 3):
-        tables.write(spark, cfg, "rule_history", [{**RULE, "version": version}])
+        tables.writer(spark, cfg).append("rule_history", [{**RULE, "version": version}])
 
     def streamed(name: str) -> list[int]:
         query = tables.read_stream(spark, cfg, "rule_history").writeStream.format("memory").queryName(name)

@@ -78,7 +78,7 @@ def real_backtest(root: Path) -> Path:
     rules.write_text(json.dumps([*json.loads(RULES.read_text()), LOGIN_RULE, SHADOW_RULE]))
     cmd = [str(JOB_PYTHON), "-m", "fraudrules.cli", "backtest", "--transactions", str(landing), "--logins", str(logins)]
     cmd += ["--rules", str(rules), "--out", str(root / "alerts.jsonl"), "--data-dir", str(root / "data")]
-    cmd += ["--max-files-per-trigger", "1"]
+    cmd += ["--max-records-per-trigger", "3000"]  # one micro-batch per file
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert re.search(r"transactions: 3,000 valid, logins: 603 valid, 17 quarantined", proc.stdout), proc.stdout

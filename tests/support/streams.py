@@ -26,6 +26,8 @@ class FileStream:
         shards: int = 4,
         logins: bool = False,
         event_schema: str | None = None,
+        catalog: str | None = None,
+        schema: str | None = None,
     ):
         self.spark = spark
         # every file waits for the background queries' next trigger: 0.5 s apart here, not the job's 5 s
@@ -36,6 +38,8 @@ class FileStream:
             logins=logins,
             background_trigger_seconds=0.5,
             event_schema=event_schema,
+            catalog=catalog,
+            schema=schema,
         )
         os.makedirs(self.cfg.landing, exist_ok=True)
         os.makedirs(self.cfg.logins_landing, exist_ok=True)

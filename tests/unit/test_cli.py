@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_commands_on_the_local_tables_default_to_data(argv):
         ["run", "--trigger-seconds", "0"],
         ["run", "--seconds", "-3"],
         ["run", "--kafka-option", "no-equals-sign"],
-        ["run", "--max-files-per-trigger", "0"],
+        ["run", "--max-records-per-trigger", "0"],
+        ["backtest", "--rules", "r", "--out", "o", "--max-offsets-per-trigger", "-2"],
         ["backtest", "--rules", "r", "--out", "o", "--lateness-ms", "-1"],
         ["status", "--p99-ms", "0"],
         ["quality", "--max-age-minutes", "0"],
@@ -65,11 +67,22 @@ def test_commands_on_the_local_tables_default_to_data(argv):
         ["rules", "frobnicate"],
     ],
 )
-def test_invalid_values_are_rejected(argv, capsys):
+def test_invalid_values_are_rejected_on_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.parser().parse_args(argv)
     assert exit_.value.code == 2
-    assert "error: argument" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"fraudrules {argv[0]}: argument ") and len(err.splitlines()) == 1, err
+    assert err.endswith(f"(see `fraudrules {argv[0]} --help`)\n") and "usage:" not in err
+
+
+def test_a_missing_command_is_one_line_too(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "fraudrules: the following arguments are required: COMMAND (see `fraudrules --help`)\n"
+    )
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:
@@ -117,7 +130,10 @@ def test_missing_inputs_end_a_backtest_before_spark_starts(tmp_path, capsys):
 def test_unusable_arguments_of_the_other_commands(tmp_path, capsys):
     data = str(tmp_path)
     code, _, err = run_main(capsys, "export", "alerts", "--out", str(tmp_path / "a.jsonl"), "--data-dir", data)
-    one_line_error(code, err, "no table alerts under", "make run")
+    one_line_error(code, err, "no tables under", "make run")
+    (tmp_path / "tables" / "rules" / "_delta_log").mkdir(parents=True)
+    code, _, err = run_main(capsys, "export", "alerts", "--out", str(tmp_path / "a.jsonl"), "--data-dir", data)
+    one_line_error(code, err, f"no table alerts under {tmp_path}/tables", "make run")
     code, _, err = run_main(capsys, "rules", "pause", "--data-dir", data)
     one_line_error(code, err, "rules pause needs a rule id")
     code, _, err = run_main(capsys, "rules", "history", "one", "--data-dir", data)
@@ -136,6 +152,58 @@ def test_unusable_arguments_of_the_other_commands(tmp_path, capsys):
     one_line_error(code, err, "no such folder")
     code, _, err = run_main(capsys, "status", "--facts", "nope.json")
     one_line_error(code, err, "--facts nope.json: no such file")
+
+
+def test_rules_files_that_cannot_be_used_are_one_line_errors(tmp_path, capsys):
+    """An invalid rule, text that is not UTF-8 and JSON that is not JSON: named, exit 2, before Spark starts (a
+    backtest with an invalid rule included: a backtest without it would answer another question)."""
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    rules = json.loads((Path(FIXTURE_RULES)).read_text())
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text(json.dumps([rules[0], {**rules[1], "ruleId": 9, "windowMinutes": 0}]))
+    backtest = ["backtest", "--transactions", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "a.jsonl")]
+    code, out, err = run_main(capsys, *backtest, "--rules", str(invalid))
+    one_line_error(code, err, f"fraudrules backtest: --rules {invalid}: invalid rule 9: windowMinutes must be > 0")
+    assert out == "" and not (tmp_path / "a.jsonl").exists()
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(json.dumps(rules[0]).replace("SUM", "SUM\u00e9").encode("latin-1"))
+    for argv in ([*backtest, "--rules", str(latin)], ["rules", "put", str(latin), "--data-dir", str(tmp_path)]):
+        code, _, err = run_main(capsys, *argv)
+        one_line_error(code, err, f"{latin}: not UTF-8 text (byte 0xe9 at offset ")
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"ruleId": 1,')
+    code, _, err = run_main(capsys, "rules", "shadow", str(broken), "--data-dir", str(tmp_path))
+    one_line_error(code, err, f"fraudrules rules: rules shadow {broken}: malformed JSON: ")
+    assert "None" not in err
+    code, _, err = run_main(capsys, "run", "--rules", str(broken), "--data-dir", str(tmp_path / "d"))
+    one_line_error(code, err, f"fraudrules run: --rules {broken}: malformed JSON: ")
+    assert not (tmp_path / "d").exists()  # nothing started, nothing registered
+
+
+def test_commands_that_only_read_never_create_tables(tmp_path, capsys):
+    typo = tmp_path / "dta"
+    for argv in (["rules", "list"], ["rules", "history", "4"], ["rules", "compare", "105"], ["quality"]):
+        code, _, err = run_main(capsys, *argv, "--data-dir", str(typo))
+        one_line_error(code, err, f"fraudrules {argv[0]}: no data dir {typo} (check --data-dir)")
+    code, _, err = run_main(capsys, "status", "--data-dir", str(typo))
+    one_line_error(code, err, f"no data dir {typo}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in (["rules", "list"], ["quality"], ["export", "alerts", "--out", str(tmp_path / "a.jsonl")]):
+        code, _, err = run_main(capsys, *argv, "--data-dir", str(empty))
+        one_line_error(code, err, f"no tables under {empty} (run the job first")
+    assert not typo.exists() and list(empty.iterdir()) == []
+
+
+def test_missing_jars_are_a_one_line_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tables" / "alerts" / "_delta_log").mkdir(parents=True)
+    monkeypatch.setenv("FRAUDRULES_JARS", str(tmp_path / "jars"))
+    code, _, err = run_main(capsys, "export", "alerts", "--out", str(tmp_path / "a.jsonl"), "--data-dir", str(tmp_path))
+    one_line_error(code, err, f"fraudrules export: no jars in {tmp_path / 'jars'}: run `make setup`")
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / "kafka-clients-3.9.2.jar").write_bytes(b"")
+    code, _, err = run_main(capsys, "export", "alerts", "--out", str(tmp_path / "a.jsonl"), "--data-dir", str(tmp_path))
+    one_line_error(code, err, "no delta-spark_*.jar or delta-storage-*.jar in")
 
 
 def test_an_invalid_log_level_is_a_usage_error(monkeypatch, capsys, tmp_path):

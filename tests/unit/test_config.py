@@ -36,13 +36,13 @@ def test_notebook_parameters_are_text():
         "catalog": "",
         "shards": "8",
         "available_now": "false",
-        "max_files_per_trigger": "2",
+        "max_records_per_trigger": "2",
         "trigger_seconds": "1.5",
         "figures_dir": "f",
         "kafka_bootstrap": "",
     }
     cfg = config_from(p)
-    assert cfg == JobConfig(data_dir="d", shards=8, available_now=False, max_files_per_trigger=2, trigger_seconds=1.5)
+    assert cfg == JobConfig(data_dir="d", shards=8, available_now=False, max_records_per_trigger=2, trigger_seconds=1.5)
 
 
 @pytest.mark.parametrize(

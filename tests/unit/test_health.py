@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fraudrules.config import EVALUATE_QUERY, JobConfig
+from fraudrules.engine import lines
 from fraudrules.ops import delta_log, health
 from tests.support.delta_writer import BATCHES, DeltaWriter, batch_row
 from tools import supervisor
@@ -40,10 +41,8 @@ def fake_job(data_dir):
         time.sleep(0.05)  # until exec: before it, the child still shows this process's command line
 
     def record(started_at: float, argv: list[str] | None = None) -> None:
-        run = health.run_dir(str(data_dir))
-        run.mkdir(parents=True, exist_ok=True)
         argv = argv or ["python", "-m", "fraudrules.cli", "run", "--rate", "0"]
-        (run / health.PID_FILE).write_text(json.dumps({"pid": proc.pid, "started_at": started_at, "argv": argv}))
+        health.register(str(data_dir), argv, pid=proc.pid, now=started_at)  # as `fraudrules run` records itself
 
     yield proc, record
     proc.kill()
@@ -105,6 +104,22 @@ def test_healthy_running_job(batches, data_dir, fake_job):
     assert verdict["action"] == "none" and verdict["flags"]["running"] and verdict["problems"] == []
 
 
+def test_the_job_records_itself_and_keeps_what_the_supervisor_wrote_about_it(data_dir, fake_job):
+    proc, _ = fake_job
+    supervised = {"pid": proc.pid, "started_at": 1.0, "argv": ["fraudrules", "run"], "log": "/var/log/job.log"}
+    health.write_json(health.run_dir(str(data_dir)) / health.PID_FILE, supervised)
+    mine = health.register(str(data_dir), ["fraudrules", "run", "--rate", "5"], pid=proc.pid, now=2.0)
+    assert mine == {
+        "pid": proc.pid,
+        "started_at": 2.0,
+        "argv": ["fraudrules", "run", "--rate", "5"],
+        "log": supervised["log"],
+    }
+    assert health.process(str(data_dir))["alive"] and health.process(str(data_dir))["rate"] == 5.0
+    other = health.register(str(data_dir), ["fraudrules", "run"], pid=os.getpid())  # another process: no log
+    assert other["log"] is None and not health.alive(os.getpid())  # pytest is no `fraudrules run`
+
+
 def test_hung_job_with_waiting_input_is_restarted_but_an_idle_one_is_not(batches, data_dir, fake_job):
     _proc, record = fake_job
     now = time.time()
@@ -162,19 +177,24 @@ def test_latency_high_and_rising(batches, data_dir, fake_job):
     assert any("latency p99 900 ms" in p for p in verdict["problems"])
 
 
-def test_lag_from_the_file_source_log(data_dir):
-    landing = Path(JobConfig(data_dir=str(data_dir)).landing)
+def test_lag_from_the_sources_ledger_and_committed_offsets(data_dir):
+    cfg = JobConfig(data_dir=str(data_dir))
+    landing, checkpoint = Path(cfg.landing), Path(cfg.checkpoint(EVALUATE_QUERY))
     landing.mkdir(parents=True)
-    old, new = landing / "a.json", landing / "b.json"
-    old.write_text("{}\n")
-    new.write_text("{}\n")
-    os.utime(old, (1_000, 1_000))
-    os.utime(new, (2_000, 2_000))
-    sources = Path(JobConfig(data_dir=str(data_dir)).checkpoint(EVALUATE_QUERY)) / "sources" / "0"
-    sources.mkdir(parents=True)
-    (sources / "0").write_text('v1\n{"path":"file:///x/a.json","timestamp":1000000,"batchId":0}\n')
+    read, partly, unseen = landing / "a.json", landing / "b.json", landing / "c.json"
+    for i, path in enumerate((read, partly, unseen)):
+        path.write_text('{"x": 1}\n{"x": 2}\n')
+        os.utime(path, (1_000 * (i + 1), 1_000 * (i + 1)))
+    lines.Ledger(lines.ledger_of(str(checkpoint))).add(lines.list_files(*lines.open_fs(str(landing)))[:2], 0)
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    rules = '{"sourceVersion":1,"reservoirVersion":3,"index":-1,"isStartingVersion":false}'
+    meta = '{"batchWatermarkMs":0}'
+    (checkpoint / "offsets" / "4").write_text(f'v1\n{meta}\n{{"file":1,"byte":9,"line":1}}\n{rules}\n')
+    (checkpoint / "commits" / "4").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    (checkpoint / "offsets" / "5").write_text(f'v1\n{meta}\n{{"file":3,"byte":0,"line":0}}\n{rules}\n')  # not committed
     backlog = health.lag(str(data_dir), now=2_500)
-    assert backlog == {"pending_files": 1, "oldest_pending_age_s": 500.0, "newest_taken_ms": 1_000_000}
+    assert backlog == {"pending_files": 2, "oldest_pending_age_s": 500.0}  # b (half read) and c (not yet seen)
 
 
 def test_stop_ends_the_process_group(data_dir, fake_job):

@@ -36,7 +36,9 @@ def test_amounts_at_two_places_counts_as_integers():
 
 def test_averages_are_rounded_and_say_so():
     avg = rule(aggregatorFunctionType="AVG", limit="3000", groupingKeyNames=["payeeId"])
-    assert window_message(avg, '{"payeeId":"5"}', "3012.346000000000000000").endswith("= ~3,012.35, limit > 3,000.00")
+    assert window_message(avg, '{"payeeId":"5"}', "3012.346000000000000000").endswith(
+        "= 3,012.35 (rounded), limit > 3,000.00"
+    )
     assert window_message(avg, '{"payeeId":"5"}', "3012.5").endswith("= 3,012.50, limit > 3,000.00")
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fraudrules.paths import escape_glob, input_files, input_problem, output_problem
+from fraudrules.paths import input_files, input_problem, output_problem
 
 
 @pytest.fixture
@@ -54,7 +54,3 @@ def test_outputs(tmp_path):
     assert "is a folder" in output_problem(str(tmp_path), "--out")
     (tmp_path / "f").write_text("")
     assert "is not a folder" in output_problem(str(tmp_path / "f" / "a.jsonl"), "--out")
-
-
-def test_a_literal_name_as_a_glob():
-    assert escape_glob("part[1]{x}*.json") == "part\\[1\\]\\{x\\}\\*.json"

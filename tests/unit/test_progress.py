@@ -6,6 +6,7 @@ import sys
 import threading
 
 import pandas as pd
+import pytest
 
 from fraudrules.engine import progress
 from fraudrules.engine.messages import duration_text
@@ -17,12 +18,17 @@ def alerts(*rows: tuple) -> pd.DataFrame:
     return pd.DataFrame(list(rows), columns=ALERT_COLUMNS).astype({"transactionId": "Int64", "userId": "Int64"})
 
 
+@pytest.fixture(autouse=True)
+def fresh_tallies(monkeypatch):
+    """Each test counts from nothing (the sinks' tallies are one per process)."""
+    monkeypatch.setattr(progress, "TALLIES", progress.Tallies())
+
+
 def heartbeat(**values) -> dict:
     return {"transactions": 0, "inputRows": 0, "lateEvents": 0, "latencyP50Ms": None, "latencyP99Ms": None, **values}
 
 
 def test_a_batch_without_alerts_prints_nothing_but_is_counted():
-    progress.TALLIES.take()
     assert progress.batch_lines("evaluate", 3, heartbeat(transactions=212), alerts()) == []
     assert progress.batch_lines("detect_logins", 3, heartbeat(inputRows=20), alerts()) == []
     taken = progress.TALLIES.take()
@@ -30,7 +36,7 @@ def test_a_batch_without_alerts_prints_nothing_but_is_counted():
     assert taken["detect_logins"].events == 20  # login events: the keyed rows of the detector
 
 
-def test_a_batch_with_alerts_shows_one_alert_per_key_first():
+def test_a_batch_with_alerts_shows_one_line_per_rule_and_key():
     burst = [(1, '{"payeeId":"4"}', 100 + i, None, 1_700_000_000_000, f"COUNT = {3 + i}") for i in range(6)]
     other = (5, '{"payeeId":"9"}', 200, None, 1_700_000_000_250, "SUM = 45,000.00")
     login = (100, '{"userId":"7"}', None, 7, 1_700_000_000_500, "user 7: 3 failed logins")
@@ -40,16 +46,27 @@ def test_a_batch_with_alerts_shows_one_alert_per_key_first():
         heartbeat(transactions=1043, latencyP50Ms=850.0, latencyP99Ms=1430.0),
         alerts(*burst, other, login),
     )
-    assert lines[0] == "[evaluate] batch 7: 8 alerts in 1,043 transactions; ingestion→alert p50 850 ms, p99 1.4 s"
-    assert lines[1] == "  ALERT rule 1 · tx 100 at 2023-11-14T22:13:20.000Z · COUNT = 3"
-    assert lines[2] == "  ALERT rule 5 · tx 200 at 2023-11-14T22:13:20.250Z · SUM = 45,000.00"
-    assert lines[3] == "  ALERT rule 100 · user 7 at 2023-11-14T22:13:20.500Z · user 7: 3 failed logins"
-    assert lines[4:6] == [
-        "  ALERT rule 1 · tx 101 at 2023-11-14T22:13:20.000Z · COUNT = 4",
-        "  ALERT rule 1 · tx 102 at 2023-11-14T22:13:20.000Z · COUNT = 5",
+    assert lines == [
+        "[evaluate] batch 7: 8 alerts in 1,043 transactions; ingestion→alert p50 850 ms, p99 1.4 s",
+        "  ALERT rule 1 · tx 100 at 2023-11-14T22:13:20.000Z · COUNT = 3 (+5 more of this key)",
+        "  ALERT rule 5 · tx 200 at 2023-11-14T22:13:20.250Z · SUM = 45,000.00",
+        "  ALERT rule 100 · user 7 at 2023-11-14T22:13:20.500Z · user 7: 3 failed logins",
     ]
-    assert lines[-1] == "  … 3 more; all 8 by rule: 1: 6, 5: 1, 100: 1"
-    assert len(lines) == 7
+    many = [(2, f'{{"payeeId":"{k}"}}', 300 + k, None, 1_700_000_000_000, "SUM") for k in range(7)]
+    lines = progress.batch_lines("evaluate", 8, heartbeat(transactions=50), alerts(*many, *burst), show=5)
+    assert len(lines) == 7 and lines[-1] == "  … 3 more keys; all 13 alerts by rule: 1: 6, 2: 7"
+
+
+def test_a_printed_batch_names_the_batches_before_it_that_had_no_alerts():
+    one = alerts((1, '{"payeeId":"4"}', 100, None, 1_700_000_000_000, "COUNT = 3"))
+    assert progress.batch_lines("detect_logins", 3, heartbeat(), one)[0].endswith("in 0 login events")
+    for batch in (4, 5, 6):
+        assert progress.batch_lines("detect_logins", batch, heartbeat(), alerts()) == []
+    assert progress.batch_lines("detect_logins", 7, heartbeat(), one)[0].endswith("(batches 4–6: no alerts)")
+    assert progress.batch_lines("detect_logins", 8, heartbeat(), one)[0].endswith("in 0 login events")
+    progress.batch_lines("detect_logins", 9, heartbeat(), alerts())
+    assert progress.batch_lines("detect_logins", 10, heartbeat(), one)[0].endswith("(batch 9: no alerts)")
+    assert progress.batch_range_text(3, 11, 6) == "6 batches of 3–11"
 
 
 def test_throughput_in_transactions_per_second():

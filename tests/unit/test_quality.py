@@ -12,7 +12,7 @@ pytest.importorskip("great_expectations")
 
 from fraudrules.config import JobConfig
 from fraudrules.ops import quality
-from fraudrules.ops.report import Outcome, QualityReport
+from fraudrules.ops.report import Outcome, QualityReport, summary_page
 
 SUITES = {
     "transactions": "transactions",
@@ -77,6 +77,7 @@ def test_every_expectation_states_its_invariant_and_cross_table_checks_are_queri
         ("shadow_alerts", "satisfies_rule"),
         ("rules", "newest_version"),
         ("window_state", "rule_active"),
+        ("window_state", "keyed"),
         ("login_state", "within_window"),
         ("login_state", "started_by_failure"),
     } <= checks
@@ -133,3 +134,36 @@ def test_a_run_that_cannot_find_what_it_checks_fails_naming_it(tmp_path):
     assert observed["alerts"] == f"no table alerts at {tmp_path}/tables/alerts"
     assert "window_state: input_found()" in report.message() and report.rows == {}
     assert json.loads(Path(report.path).read_text())["failed_tables"] == sorted(SUITES)
+
+
+def test_the_summary_says_per_table_what_was_read_and_its_checks_and_reads_back_from_its_json():
+    outcomes = [
+        Outcome("transactions", "expect_column_values_to_be_unique", "transactionId", False, 3001, 2),
+        Outcome("transactions", "expect_table_row_count_to_be_between", "", True),
+        Outcome("window_state", "unexpected_rows_expectation", "keyed", True),
+    ]
+    report = QualityReport("r2", False, outcomes, {"transactions": 3001, "window_state": 40})
+    report.version = {"transactions": "Delta version 12", "window_state": "batch 7"}
+    report.read = {"transactions": "/d/tables/transactions @ Delta version 12"}
+    report.summary_page, report.path = "/d/dq/docs/summary.html", "/d/dq/reports/r2.json"
+    assert report.summary_lines() == [
+        "data quality FAILED on transactions: 1 expectation(s) (run r2)",
+        "  transactions  Delta version 12    1 passed, 1 FAILED",
+        "  window_state  batch 7             1 passed",
+        "failed checks:",
+        "  transactions: expect_column_values_to_be_unique(transactionId) - 2 of 3001 rows unexpected",
+        "recent runs, readable offline: /d/dq/docs/summary.html",
+        "report: /d/dq/reports/r2.json",
+    ]
+    again = QualityReport.from_json(json.loads(json.dumps(report.to_json(), default=str)))
+    assert again.summary_lines() == report.summary_lines() and again.outcomes == report.outcomes
+
+
+def test_the_offline_page_holds_every_run_and_nothing_from_the_internet():
+    passed = QualityReport("r1", True, [Outcome("rules", "x", "", True)], {"rules": 3}, read={"rules": "rules @ 1"})
+    failed = QualityReport("r2", False, [Outcome("rules", "x", "<y>", False, observed="bad & worse")], {})
+    page = summary_page([failed, passed], {("r1", "rules"): "validations/rules/r1/t/p.html"})
+    assert page.index("run r2") < page.index("run r1") and page.count("<h2>") == 2
+    assert '<a href="validations/rules/r1/t/p.html">validation page</a>' in page
+    assert "rules: x(&lt;y&gt;) - observed bad &amp; worse" in page  # escaped
+    assert "<script" not in page and "http" not in page

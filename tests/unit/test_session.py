@@ -2,6 +2,7 @@
 
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,18 @@ def test_the_no_fork_local_file_system_only_where_it_is_built_and_the_session_is
     options = session.local_fs_options(master)
     assert {k: v for k, v in options.items() if k != "spark.driver.extraClassPath"} == expected
     assert options.get("spark.driver.extraClassPath") == (str(jar) if expected else None)
+
+
+def test_an_editable_install_finds_its_repositorys_jars_from_any_folder(tmp_path, monkeypatch):
+    """`make setup` installs the project editable: its jars are the repository's, wherever the command runs."""
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.delenv(session.JARS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert session.source_tree() == repo
+    assert session.jars_folder() == str(repo / ".jars" / "spark")
+    monkeypatch.setenv(session.JARS_ENV, "elsewhere")  # the setting wins, relative to the current folder
+    assert session.jars_folder() == str(tmp_path / "elsewhere")
+    assert session.jars_problem() == (
+        f"no jars in {tmp_path / 'elsewhere'}: run `make setup` in the repository, or point FRAUDRULES_JARS at a "
+        "folder of them"
+    )

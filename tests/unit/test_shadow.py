@@ -12,7 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fraudrules.analyst.shadow import HOUR_MS, Comparison, Run, batch_range, compare_frames, parse_time, shadow_run
+from fraudrules.analyst.shadow import (
+    HOUR_MS,
+    Comparison,
+    Run,
+    batch_period,
+    batch_range,
+    compare_frames,
+    parse_time,
+    shadow_run,
+)
 from fraudrules.engine import logins
 from fraudrules.engine.evaluation import Batch
 from fraudrules.engine.ruleset import RuleSet
@@ -279,13 +288,20 @@ def test_compare_frames_counts_keys_and_hours():
     assert got["counts"] == {"live": 4, "shadow": 6, "both": 3, "only_live": 1, "only_shadow": 3}
     assert got["per_key"].to_dict("records")[0] == {"key": '{"payeeId":"1"}', "live": 3, "shadow": 5, "difference": 2}
     assert got["per_hour"][["live", "shadow"]].values.tolist() == [[3, 5], [1, 1]]
-    c = Comparison(105, 5, (0, None), **got)
+    c = Comparison(105, 5, (0, None), window=(0, 2 * HOUR_MS), **got)
     assert c.rates() == {"live": 2.0, "shadow": 3.0}
     text = "\n".join(c.lines())
     assert "overlap (both) 3, only live 1, only shadow 3" in text and "payeeId=1" in text
+    assert "alert rate per hour: live 2.0, shadow 3.0 (over the 2 h 0 min the compared micro-batches ran" in text
+    # the rate is over the period the batches ran, however few hours of event time the alerts fell in
+    short = Comparison(105, 5, (0, None), window=(1_000, 1_000 + 120_000), evaluated=(400, "transactions"), **got)
+    assert short.rates() == {"live": 120.0, "shadow": 180.0}
+    assert "live 120.0, shadow 180.0 (over the 2 min 0 s the compared" in "\n".join(short.lines())
+    assert "; per 1,000 of the 400 transactions evaluated: live 10.0, shadow 15.0" in "\n".join(short.lines())
     empty = compare_frames(_alerts(5, []), _alerts(105, []))
     assert empty["counts"] == dict.fromkeys(("live", "shadow", "both", "only_live", "only_shadow"), 0)
-    assert "no key differs" in "\n".join(Comparison(105, None, (3, 3), **empty).lines())
+    nothing = "\n".join(Comparison(105, None, (3, 3), **empty).lines())
+    assert "no key differs" in nothing and "alert rate: no compared micro-batch has run yet" in nothing
 
 
 def test_the_period_is_the_batches_both_rules_ran_in():
@@ -296,6 +312,11 @@ def test_the_period_is_the_batches_both_rules_ran_in():
     ended = replace(run, ended_ms=3_000, ended_by="promote:105")
     assert batch_range(ended, 1_200, committed) == (1, 3)  # batch 3 may have run after the promotion
     assert batch_range(run, 4_000, committed) == (4, None)  # not evaluated in any committed batch yet
+    # from the commit before the first compared batch (its input came after it) to the commit of the last
+    assert batch_period(committed, (1, None), 1_200) == (900, 3_500)
+    assert batch_period(committed, (1, 3), 1_200) == (900, 2_500)
+    assert batch_period(committed, (0, 2), 800) == (800, 1_500)  # the query's first batch: from its evaluation
+    assert batch_period(committed, (4, None), 4_000) is None
     history = [
         {"ruleId": 105, "version": v, "ruleState": s, "ruleJson": '{"shadowOf": 5}', "updatedAt": t, "change": c}
         for v, s, t, c in [

@@ -1,5 +1,6 @@
 """The vectorized transformWithStateInPandas input against PySpark's own, on the installed PySpark: same modes,
-keys, frames and dtypes, from the same Arrow stream. No Spark session."""
+keys, frames (cut at the same rows by the records and bytes bounds), dtypes and batch-size statistics, from the
+same Arrow stream. No Spark session."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from fraudrules.engine.processors import LoginProcessor, RulesProcessor
 from fraudrules.engine.tws_input import Mode
 
 
-def serializer(max_records: int = 10_000) -> TransformWithStateInPandasSerializer:
+def serializer(max_records: int = 10_000, max_bytes: int = 2**31 - 1) -> TransformWithStateInPandasSerializer:
     ser = TransformWithStateInPandasSerializer(
         timezone="UTC",
         safecheck=True,
         assign_cols_by_name=True,
         prefer_int_ext_dtype=False,
         arrow_max_records_per_batch=max_records,
-        arrow_max_bytes_per_batch=2**31 - 1,
+        arrow_max_bytes_per_batch=max_bytes,
         int_to_decimal_coercion_enabled=False,
     )
     ser.key_offsets = [0]
@@ -54,48 +55,76 @@ def batch(shards: list[int], **extra: pa.Array) -> pa.RecordBatch:
 
 
 def read(load_stream, ser: TransformWithStateInPandasSerializer, data: io.BytesIO) -> list[tuple]:
-    """(mode, key, the key's rows as one frame or None, how many frames they came in)."""
-    out = []
-    for mode, key, group in load_stream(ser, data):
-        frames = [frame for _, frame in group] if group is not None else []
-        rows = pd.concat(frames, ignore_index=True) if frames else None
-        out.append((mode, key, rows, len(frames)))
-    return out
+    """(mode, key, the key's frames as handed over, or None)."""
+    return [
+        (mode, key, [f for _, f in group] if group is not None else None) for mode, key, group in load_stream(ser, data)
+    ]
 
 
 def assert_same(ours: list[tuple], upstream: list[tuple]) -> None:
-    assert [(m, k) for m, k, _, _ in ours] == [(m, k) for m, k, _, _ in upstream]
-    for (_, key, rows, _), (_, _, expected, _) in zip(ours, upstream, strict=True):
+    """The same keys in the same modes, each with the same frames: as many, cut at the same rows, same dtypes."""
+    assert [(m, k) for m, k, _ in ours] == [(m, k) for m, k, _ in upstream]
+    for (_, key, frames), (_, _, expected) in zip(ours, upstream, strict=True):
         if expected is None:
-            assert rows is None
-        else:
-            pd.testing.assert_frame_equal(rows, expected, check_dtype=True, obj=f"rows of key {key}")
-            assert [type(v) for v in key] == [int]  # a Python int, as upstream hands the processor
+            assert frames is None
+            continue
+        assert [len(f) for f in frames] == [len(f) for f in expected], f"frames of key {key}"
+        for frame, want in zip(frames, expected, strict=True):
+            pd.testing.assert_frame_equal(frame, want, check_dtype=True, obj=f"a frame of key {key}")
+        assert [type(v) for v in key] == [int]  # a Python int, as upstream hands the processor
+
+
+def parity(data: list[pa.RecordBatch], **bounds: int) -> list[tuple]:
+    """Ours and upstream's on the same stream and bounds; also the serializers' batch-size statistics."""
+    ours_ser, upstream_ser = serializer(**bounds), serializer(**bounds)
+    ours = read(tws_input.load_stream, ours_ser, stream(*data))
+    assert_same(ours, read(tws_input.UPSTREAM, upstream_ser, stream(*data)))
+    stats = ("total_bytes", "total_rows", "average_arrow_row_size")
+    assert [getattr(ours_ser, a) for a in stats] == [getattr(upstream_ser, a) for a in stats]
+    return ours
 
 
 def test_groups_runs_of_a_key_across_batches_as_upstream_does():
     data = [batch([1, 1, 2]), batch([2, 2, 3, 3, 3]), batch([3]), batch([4, 5])]
-    ours = read(tws_input.load_stream, serializer(), stream(*data))
-    upstream = read(tws_input.UPSTREAM, serializer(), stream(*data))
-    assert [k for _, k, _, _ in ours] == [(1,), (2,), (3,), (4,), (5,), None, None]
-    assert [len(r) for _, _, r, _ in ours if r is not None] == [2, 3, 4, 1, 1]
-    assert_same(ours, upstream)
-    assert [n for *_, n in ours[:5]] == [1, 2, 2, 1, 1]  # a key's rows, one frame per batch they arrived in
+    ours = parity(data)
+    assert [k for _, k, _ in ours] == [(1,), (2,), (3,), (4,), (5,), None, None]
+    assert [[len(f) for f in frames] for _, _, frames in ours[:5]] == [[2], [3], [4], [1], [1]]
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"max_records": 2},
+        {"max_records": 3},
+        {"max_bytes": 60},
+        {"max_bytes": 100},
+        {"max_records": 4, "max_bytes": 70},
+    ],
+)
+def test_cuts_a_keys_rows_where_upstream_does_by_records_and_by_bytes(bounds):
+    """Frames of at most max_records rows, or fewer rows than reach max_bytes at the running average row size
+    (which changes from batch to batch): the same cuts, rows and statistics as upstream's."""
+    data = [
+        batch([1] * 5 + [2] * 2),
+        batch([2] * 7),
+        batch([2, 3, 3], ruleChange=pa.array(["x" * 40] * 3)),
+        batch([3] * 9),
+    ]
+    ours = parity(data, **bounds)
+    assert any(len(frames) > 1 for _, _, frames in ours if frames)  # the bounds did cut
 
 
 def test_columns_a_row_holds_differently_are_regrouped_row_by_row_as_upstream_does():
     when = pa.array([1_700_000_000_000_000] * 3, pa.timestamp("us", tz="UTC"))
     data = [batch([1, 1, 2], at=when), batch([2, 3, 3], at=when)]
     assert not tws_input.plain(data[0].schema)
-    assert_same(
-        read(tws_input.load_stream, serializer(), stream(*data)), read(tws_input.UPSTREAM, serializer(), stream(*data))
-    )
+    parity(data)
+    parity(data, max_records=2, max_bytes=90)
 
 
 def test_an_empty_stream_only_ends_the_batch():
-    ours = read(tws_input.load_stream, serializer(), stream(batch([])))
-    assert [(m, k) for m, k, _, _ in ours] == [(Mode.PROCESS_TIMER, None), (Mode.COMPLETE, None)]
-    assert_same(ours, read(tws_input.UPSTREAM, serializer(), stream(batch([]))))
+    ours = parity([batch([])])
+    assert [(m, k) for m, k, _ in ours] == [(Mode.PROCESS_TIMER, None), (Mode.COMPLETE, None)]
 
 
 @pytest.mark.parametrize("processor", [RulesProcessor(60_000, [7], "ns"), LoginProcessor([7])])
@@ -106,12 +135,21 @@ def test_a_worker_unpickling_a_processor_installs_it(monkeypatch, processor):
     assert copy.__dict__ == processor.__dict__
 
 
-@pytest.mark.parametrize("where", ["a later release", "a Databricks runtime"])
-def test_another_pyspark_keeps_its_own(monkeypatch, where):
+def test_its_release_uses_it_and_says_nothing(monkeypatch):
     monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", tws_input.UPSTREAM)
-    if where == "a later release":
-        monkeypatch.setattr(tws_input.pyspark, "__version__", "4.3.0")
-    else:
+    assert tws_input.pyspark.__version__ == tws_input.RELEASE == "4.2.0"
+    assert tws_input.install() and tws_input.notice() is None
+
+
+@pytest.mark.parametrize("where", ["a patch release", "a later release", "a Databricks runtime", "an opt-out"])
+def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
+    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", tws_input.UPSTREAM)
+    if where in ("a patch release", "a later release"):
+        monkeypatch.setattr(tws_input.pyspark, "__version__", "4.2.1" if where == "a patch release" else "4.3.0")
+    elif where == "a Databricks runtime":
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
+    else:
+        monkeypatch.setenv(tws_input.UPSTREAM_ENV, "1")
     assert not tws_input.install()
     assert TransformWithStateInPandasSerializer.load_stream is tws_input.UPSTREAM
+    assert tws_input.notice().startswith("stateful input regrouped by PySpark's own transformWithStateInPandas")

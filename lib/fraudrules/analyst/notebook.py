@@ -206,6 +206,13 @@ class Comparison:
             rows.append({"": f"{label} rule {rule.rule_id}", "rule": rule_text(rule), "alerts": alerts})
         return pd.DataFrame(rows).set_index("")
 
+    def plot(self) -> Any:
+        """The alerts of each side and of both, the two rules named by what they check."""
+        from fraudrules.analyst import plots
+
+        live = f"rule {self.live.rule_id}: {rule_text(self.live)}" if self.live else None
+        return plots.plot_comparison(self.counts, live, f"rule {self.candidate.rule_id}: {rule_text(self.candidate)}")
+
 
 def backtest_candidate(
     spark: SparkSession, cfg: JobConfig, transactions: str, candidate: Rule, work_dir: str
@@ -291,8 +298,20 @@ def plot_shadow(spark: SparkSession, cfg: JobConfig, shadow_id: int | None, figu
         return "no shadow rules (put one with `fraudrules rules shadow FILE`)"
     from fraudrules.analyst import plots
 
-    fig = plots.plot_live_vs_shadow(shadow.live_vs_shadow(spark, cfg, int(shadow_id)), int(shadow_id))
+    c = shadow.compare(spark, cfg, int(shadow_id))
+    live = f"rule {c.live_id}: {c.rules['live']}" if "live" in c.rules else "no live rule"
+    fig = plots.plot_live_vs_shadow(shadow.live_vs_shadow(c), live, f"rule {shadow_id}: {c.rules['shadow']}")
     return plots.save_figure(fig, figures_dir, name)
+
+
+def plot_shard_load(keyed: DataFrame, cfg: JobConfig, figures_dir: str, name: str) -> Any:
+    """The keyed rows per shard chart (saved as `<name>.png`); with one shard there is no load to compare, which
+    it says instead."""
+    if cfg.shards == 1:
+        return "one shard (shards = 1): every keyed row goes to shard 0, so there is no load to compare"
+    from fraudrules.analyst import plots
+
+    return plots.save_figure(plots.plot_shard_load(views.shard_load(keyed), cfg.shards), figures_dir, name)
 
 
 def export_alerts(spark: SparkSession, cfg: JobConfig, out: str | None = None) -> tuple[str, int]:

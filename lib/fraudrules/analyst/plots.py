@@ -1,13 +1,15 @@
 """Analyst plots: matplotlib Figures from Spark or pandas frames (the `views.py` results), saved as PNGs.
 
 Every plot has a title, axes labelled with their units, integer ticks where it counts, readable tick labels
-(dates as times of day, no crowding) and bars labelled with their values. Figures are built without pyplot, so
-nothing depends on a display or a global figure state.
+(dates as times of day, no crowding) and bars labelled with their values. Rules are labelled by what they check
+(`labels`: ruleId -> `views.rule_labels`), not by their number alone. Figures are built without pyplot, so nothing
+depends on a display or a global figure state.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,11 @@ def _empty(ax: Axes, text: str = "nothing to show yet") -> None:
     ax.set_yticks([])
 
 
+def _rule(rule_id: int, labels: Mapping[int, str] | None, width: int = 60) -> str:
+    """A rule by what it checks (wrapped to `width` characters), or by its number when it is not known."""
+    return textwrap.fill((labels or {}).get(int(rule_id), f"rule {rule_id}"), width)
+
+
 # ---------------------------------------------------------------- 01 ingest
 
 
@@ -114,28 +121,27 @@ def _money_formatter() -> Any:
 # ---------------------------------------------------------------- 02 keying
 
 
-def plot_fanout(fanout: Any) -> Figure:
-    """Keyed rows and distinct keys per rule, on a log scale so that small counts stay visible, every bar
-    labelled (input: `views.fanout_per_rule`)."""
+def plot_fanout(fanout: Any, labels: Mapping[int, str] | None = None) -> Figure:
+    """Keyed rows and distinct keys per rule, the rules named by what they check, on a log scale so that small
+    counts stay visible, every bar labelled (input: `views.fanout_per_rule`)."""
     pdf = _pandas(fanout)
-    fig, axes = _figure(width=9.0)
+    fig, axes = _figure(width=11.0, height=1.2 + 0.9 * max(len(pdf), 1))
     ax = axes[0][0]
     if len(pdf):
-        x = np.arange(len(pdf))
-        rows = ax.bar(x - 0.2, pdf["rows"], width=0.4, label="keyed rows (transactions passing the filter)")
-        keys = ax.bar(x + 0.2, pdf["keys"], width=0.4, label="distinct keys")
-        _label_bars(ax, rows)
-        _label_bars(ax, keys)
-        ax.set_xticks(x, [f"rule {r}" for r in pdf["ruleId"]])
-        ax.set_yscale("log")
-        ax.set_ylim(0.5, max(float(pdf["rows"].max()), 1.0) * 4)
-        ax.yaxis.set_major_formatter(_money_formatter())
-        ax.legend(fontsize="small", loc="upper left")
+        y = np.arange(len(pdf))[::-1]  # the first rule on top
+        rows = ax.barh(y + 0.2, pdf["rows"], height=0.4, label="keyed rows (transactions passing the filter)")
+        keys = ax.barh(y - 0.2, pdf["keys"], height=0.4, label="distinct keys")
+        for bars in (rows, keys):
+            ax.bar_label(bars, labels=[f"{b.get_width():,.0f}" for b in bars], padding=2, fontsize="small")
+        ax.set_yticks(y, [_rule(r, labels, 50) for r in pdf["ruleId"]], fontsize="small")
+        ax.set_xscale("log")
+        ax.set_xlim(0.5, max(float(pdf["rows"].max()), 1.0) * 6)
+        ax.xaxis.set_major_formatter(_money_formatter())
+        ax.legend(fontsize="small", loc="lower right")
     else:
         _empty(ax)
     ax.set_title("Dynamic keying: rows and keys per rule")
-    ax.set_xlabel("rule")
-    ax.set_ylabel("count (log scale)")
+    ax.set_xlabel("count (log scale)")
     return fig
 
 
@@ -161,12 +167,15 @@ def plot_shard_load(load: Any, shards: int | None = None) -> Figure:
 # ---------------------------------------------------------------- 03 evaluation
 
 
-def plot_batches(batches: Any, latencies: Any) -> Figure:
-    """The evaluation query's micro-batches (input: `views.stateful_batches`) and its alerts' latencies
-    (`views.alert_latencies`): transactions and alerts per batch, batch durations, throughput, latency."""
-    bat, lat = _pandas(batches), _pandas(latencies)
-    fig, axes = _figure(2, 2, width=12.0, height=7.0)
-    (size, duration), (rate, latency) = axes
+def plot_batches(batches: Any, replay: bool) -> Figure:
+    """The evaluation query's micro-batches (input: `views.stateful_batches`): transactions and alerts per batch,
+    batch durations, throughput and, for the continuous job only, the alert latency its heartbeat measured.
+
+    A `replay` (available-now, over files written earlier) measures no latency: an alert comes when the replay
+    reaches its transaction, however long ago that was written. It gets no latency panel, and says so."""
+    bat = _pandas(batches)
+    fig, axes = _figure(1, 3, width=15.0, height=4.2) if replay else _figure(2, 2, width=12.0, height=7.0)
+    size, duration, rate = axes[0] if replay else (axes[0][0], axes[0][1], axes[1][0])
     if len(bat):
         x = bat["batch"].astype(int).to_numpy()
         labelled = len(x) <= MAX_LABELLED_BARS  # more bars than this: labels would overlap
@@ -196,30 +205,42 @@ def plot_batches(batches: Any, latencies: Any) -> Figure:
     rate.set_ylabel("transactions / s")
     for ax in (size, duration, rate):
         ax.set_xlabel("micro-batch")
-    if len(lat):
-        seconds = lat["latencyMs"].astype(float) / 1000.0
-        # from 0 s: latencies that hardly differ stay one readable bar, not an axis of offsets
-        latency.hist(seconds, bins=np.linspace(0.0, max(float(seconds.max()), 1.0) * 1.05, 31), color="tab:purple")
-        for q, style in ((0.5, "--"), (0.99, ":")):
-            value = float(np.quantile(seconds, q))
-            latency.axvline(value, color="black", linestyle=style, label=f"p{q * 100:g} {value:,.1f} s")
-        latency.legend(fontsize="small", loc="upper left")
+    if replay:
+        fig.suptitle(
+            "An available-now replay of files written earlier: its micro-batches. A replay measures no alert "
+            "latency\n(an alert comes when the replay reaches its transaction); the continuous job's heartbeat does.",
+            fontsize="medium",
+        )
     else:
-        _empty(latency, "no alerts")
-    latency.set_title("Alert latency: ingestion to alert")
-    latency.set_xlabel("seconds from ingestion to alert")
-    latency.set_ylabel("alerts")
-    _counts_axis(latency)
+        _heartbeat_latency(axes[1][1], bat)
     return fig
+
+
+def _heartbeat_latency(ax: Axes, bat: pd.DataFrame) -> None:
+    """Alert latency p50 and p99 per micro-batch, as the continuous job's heartbeat (`batches`) recorded them."""
+    measured = bat.dropna(subset=["latency p99 (s)"]) if len(bat) else bat
+    if len(measured):
+        x = measured["batch"].astype(int)
+        ax.plot(x, measured["latency p50 (s)"], marker="o", color="tab:purple", label="p50")
+        ax.plot(x, measured["latency p99 (s)"], marker="s", linestyle="--", color="black", label="p99")
+        ax.legend(fontsize="small", loc="upper left")
+        ax.set_ylim(bottom=0)
+        _counts_axis(ax, "x")
+    else:
+        _empty(ax, "no alerts")
+    ax.set_title("Alert latency per micro-batch (the job's heartbeat)")
+    ax.set_xlabel("micro-batch")
+    ax.set_ylabel("seconds from ingestion to alert")
 
 
 # ---------------------------------------------------------------- 04 alerting
 
 
-def plot_alerts_per_rule(per_rule: Any, bucket: str = "1 minute") -> Figure:
-    """Alerts per time bucket of event time, one line per rule (input: `views.alerts_per_rule`)."""
+def plot_alerts_per_rule(per_rule: Any, bucket: str = "1 minute", labels: Mapping[int, str] | None = None) -> Figure:
+    """Alerts per time bucket of event time, one line per rule named by what it checks (input:
+    `views.alerts_per_rule`)."""
     pdf = _pandas(per_rule)
-    fig, axes = _figure(width=10.0)
+    fig, axes = _figure(width=10.0, height=5.5)
     ax = axes[0][0]
     if len(pdf):
         import pandas as pd
@@ -229,8 +250,9 @@ def plot_alerts_per_rule(per_rule: Any, bucket: str = "1 minute") -> Figure:
         span = pd.date_range(wide.index.min(), wide.index.max(), freq=pd.Timedelta(bucket))
         wide = wide.reindex(span).fillna(0)
         for i, rule_id in enumerate(wide.columns):
-            ax.plot(wide.index, wide[rule_id], marker="o", label=f"rule {rule_id}", color=COLORS[i % len(COLORS)])
-        ax.legend(title="rule", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside, not over
+            label = _rule(rule_id, labels, 55)
+            ax.plot(wide.index, wide[rule_id], marker="o", label=label, color=COLORS[i % len(COLORS)])
+        fig.legend(loc="outside lower center", fontsize="small", ncols=2)  # below the axes, not over the lines
         ax.set_ylim(bottom=0)
         _time_axis(ax)
     else:
@@ -245,17 +267,19 @@ def plot_alerts_per_rule(per_rule: Any, bucket: str = "1 minute") -> Figure:
 # ---------------------------------------------------------------- 05 backtest
 
 
-def plot_comparison(counts: Mapping[str, int], rule_id: int | None = None) -> Figure:
+def plot_comparison(counts: Mapping[str, int], live: str | None, candidate: str) -> Figure:
     """Alerts of the live rule only, of the candidate only, and of both, in the order of `counts`
-    (`views.comparison_counts`)."""
-    fig, axes = _figure(width=7.0, height=3.8)
+    (`views.comparison_counts`); `live` and `candidate` say what each checks (no live rule: None)."""
+    fig, axes = _figure(width=8.0, height=4.4)
     ax = axes[0][0]
     bars = ax.bar(list(counts), [int(v) for v in counts.values()], color=COLORS[: len(counts)])
     _label_bars(ax, bars)
     ax.set_title(
-        f"Backtest of rule {rule_id}: alerts of the live rule and of the candidate"
-        if rule_id
-        else "Backtest: alerts of the live rule and of the candidate"
+        "Backtest: alerts of the live rule and of the candidate\n"
+        + textwrap.fill(f"live: {live or 'none'}", 90)
+        + "\n"
+        + textwrap.fill(f"candidate: {candidate}", 90),
+        fontsize="medium",
     )
     ax.set_xlabel("alerted by")
     ax.set_ylabel("alerts")
@@ -263,22 +287,32 @@ def plot_comparison(counts: Mapping[str, int], rule_id: int | None = None) -> Fi
     return fig
 
 
-def plot_live_vs_shadow(per_bucket: Any, shadow_id: int | None = None) -> Figure:
-    """Alerts per event-time bucket of a live rule and its shadow rule (input: `shadow.live_vs_shadow`)."""
+def plot_live_vs_shadow(per_bucket: Any, live: str, shadow: str, bucket_minutes: int = 1) -> Figure:
+    """Alerts per event-time bucket of a live rule and its shadow rule, side by side (input:
+    `shadow.live_vs_shadow`, buckets of `bucket_minutes`); `live` and `shadow` name each by what it checks."""
+    import pandas as pd
+
     pdf = _pandas(per_bucket)
-    fig, axes = _figure(width=9.0)
+    fig, axes = _figure(width=9.0, height=4.8)
     ax = axes[0][0]
     if len(pdf):
-        ax.plot(pdf["bucket"], pdf["live"], marker="o", color=COLORS[0], label="live rule (alerts)")
-        ax.plot(pdf["bucket"], pdf["shadow"], marker="s", linestyle="--", color=COLORS[1], label="shadow rule")
-        ax.legend(fontsize="small", loc="upper left")
+        step = pd.Timedelta(minutes=bucket_minutes)
+        wide = pdf.set_index("bucket")[["live", "shadow"]]
+        wide = wide.reindex(pd.date_range(wide.index.min(), wide.index.max(), freq=step), fill_value=0)
+        days = bucket_minutes / (24 * 60)  # bar widths in days, as matplotlib dates are
+        for offset, side, text in ((-0.2, "live", live), (0.2, "shadow", shadow)):
+            color = COLORS[0] if side == "live" else COLORS[1]
+            label = textwrap.fill(f"{side}: {text}", 70)
+            bars = ax.bar(wide.index + step * offset, wide[side], width=0.4 * days, color=color, label=label)
+            if len(wide) <= MAX_LABELLED_BARS:
+                _label_bars(ax, bars)
+        fig.legend(loc="outside lower center", fontsize="small")
         _time_axis(ax)
-        ax.set_ylim(bottom=0)
     else:
-        _empty(ax)
-    ax.set_title("Live vs shadow rule" + (f" {shadow_id}" if shadow_id is not None else "") + ": alerts over time")
+        _empty(ax, "no alerts of either rule in the batches both were evaluated in")
+    ax.set_title("Live vs shadow rule: alerts over the micro-batches both were evaluated in")
     ax.set_xlabel("event time (UTC)")
-    ax.set_ylabel("alerts per bucket")
+    ax.set_ylabel(f"alerts per {bucket_minutes} min of event time")
     _counts_axis(ax)
     return fig
 

@@ -7,8 +7,10 @@ transactions, so comparing by batch is exact: each side is filtered by the same 
 narrow it to the batches committed in between (the `batches` heartbeat).
 
 Alerts are matched on their subject (the transaction, or a login's user and time): `both`, `only_live`,
-`only_shadow`; per key, the keys where the two differ most; per event-time hour, the alert rate of each.
-The pure part (`compare_frames`, `batch_range`) takes pandas frames and plain rows; `compare` reads the tables.
+`only_shadow`; per key, the keys where the two differ most; per event-time hour, the alerts of each. Alert rates
+are per hour of the period the compared micro-batches ran (`batch_period`), whose length is printed with them.
+The pure part (`compare_frames`, `batch_range`, `batch_period`) takes pandas frames and plain rows; `compare` reads
+the tables.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import pandas as pd
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY, JobConfig
-from fraudrules.engine.messages import iso_time, key_label
+from fraudrules.engine.messages import duration_text, iso_time, key_label, rule_text
+from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import LOGIN_RULE, RuleError
 
 HOUR_MS = 3_600_000
@@ -93,6 +96,11 @@ def _version(row: dict) -> int:
     return int(row["version"])
 
 
+def period_start(run: Run, first_evaluated_ms: int | None, since_ms: int | None = None) -> int:
+    """When the comparison starts (ms): the shadow's first evaluation (else its change), or `--since`."""
+    return max(first_evaluated_ms if first_evaluated_ms is not None else run.started_ms, since_ms or 0)
+
+
 def batch_range(
     run: Run,
     first_evaluated_ms: int | None,
@@ -106,7 +114,7 @@ def batch_range(
     one starts, so the first batch committed at or after the shadow's first evaluation is the one that
     evaluated it first, and every batch committed before the run ended (or before `until`) still had it.
     """
-    start = max(first_evaluated_ms if first_evaluated_ms is not None else run.started_ms, since_ms or 0)
+    start = period_start(run, first_evaluated_ms, since_ms)
     stops = [t for t in (run.ended_ms, until_ms) if t is not None]
     first = min((b for b, t in committed if t >= start), default=None)
     if first is None:  # nothing committed since: an empty range after the last batch
@@ -116,6 +124,18 @@ def batch_range(
     stop = min(stops)
     end = min((b for b, t in committed if t >= stop), default=None)
     return first, max(first, end) if end is not None else None
+
+
+def batch_period(
+    committed: list[tuple[int, int]], batches: tuple[int, int | None], start_ms: int
+) -> tuple[int, int] | None:
+    """When the input of the micro-batches [first, end) arrived and they ran (ms): from the commit of the batch
+    before the first (its input is what came after), else `start_ms` (`period_start`, within the first), to the
+    commit of the last; None when none of them is committed yet."""
+    first, end = batches
+    last = max((t for b, t in committed if b >= first and (end is None or b < end)), default=None)
+    before = max((t for b, t in committed if b < first), default=start_ms)
+    return None if last is None else (min(before, last), last)
 
 
 # ------------------------------------------------------------------------------------------ the comparison
@@ -132,17 +152,16 @@ class Comparison:
     period: tuple[int | None, int | None] = (None, None)  # event time of the first and last alert, ms
     notes: list[str] = field(default_factory=list)
     alerts: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)  # "live", "shadow": what was compared
+    window: tuple[int, int] | None = None  # when the compared micro-batches ran, ms (`batch_period`)
+    rules: dict[str, str] = field(default_factory=dict)  # "live", "shadow": what each checks
+    evaluated: tuple[int, str] | None = None  # what the compared batches evaluated: (count, "transactions")
 
-    def rates(self) -> dict[str, float]:
-        """Alerts per hour of event time, over the hours from the first alert's to the last's (inclusive)."""
-        hours = len(self.per_hour_span())
-        return {side: (self.counts[side] / hours if hours else 0.0) for side in ("live", "shadow")}
-
-    def per_hour_span(self) -> list[int]:
-        lo, hi = self.period
-        if lo is None or hi is None:
-            return []
-        return list(range(lo // HOUR_MS * HOUR_MS, hi + 1, HOUR_MS))
+    def rates(self) -> dict[str, float] | None:
+        """Alerts per hour of the period the compared micro-batches ran; None before one is committed."""
+        if self.window is None or self.window[1] <= self.window[0]:
+            return None
+        hours = (self.window[1] - self.window[0]) / HOUR_MS
+        return {side: self.counts[side] / hours for side in ("live", "shadow")}
 
     def lines(self, top: int = 10) -> list[str]:
         live = f"live rule {self.live_id}" if self.live_id is not None else "no live rule"
@@ -150,13 +169,24 @@ class Comparison:
         batches = f"batches {first}…{end - 1}" if end is not None else f"batches from {first}"
         c = self.counts
         rates = self.rates()
+        rate = (
+            f"alert rate per hour: live {rates['live']:,.1f}, shadow {rates['shadow']:,.1f} (over the "
+            f"{duration_text(self.window[1] - self.window[0])} the compared micro-batches ran, "
+            f"{iso_time(self.window[0])} … {iso_time(self.window[1])})"
+            if rates is not None and self.window is not None
+            else "alert rate: no compared micro-batch has run yet"
+        )
+        if self.evaluated:  # a rate that a backlog taken in one batch does not distort
+            n, unit = self.evaluated
+            per = {side: self.counts[side] * 1000 / n if n else 0.0 for side in ("live", "shadow")}
+            rate += f"; per 1,000 of the {n:,} {unit} evaluated: live {per['live']:,.1f}, shadow {per['shadow']:,.1f}"
         out = [
             f"shadow rule {self.shadow_id} vs {live}, {batches} "
             f"(event time {iso_time(self.period[0])} … {iso_time(self.period[1])})",
+            *(f"  {side}: {text}" for side, text in self.rules.items()),
             f"alerts: live {c['live']:,}, shadow {c['shadow']:,}; overlap (both) {c['both']:,}, "
             f"only live {c['only_live']:,}, only shadow {c['only_shadow']:,}",
-            f"alert rate per hour: live {rates['live']:,.1f}, shadow {rates['shadow']:,.1f} "
-            f"(over {len(self.per_hour_span())} h of event time)",
+            rate,
             *self.notes,
         ]
         diff = self.per_key[self.per_key["difference"] != 0].head(top)
@@ -168,7 +198,7 @@ class Comparison:
         else:
             out.append("no key differs")
         if len(self.per_hour):
-            out.append("alerts per hour (event time): live, shadow")
+            out.append("alerts by hour of event time: live, shadow")
             out += [
                 f"  {iso_time(int(r.hour))[:13]}h {int(r.live):>6,} {int(r.shadow):>6,}"
                 for r in self.per_hour.itertuples()
@@ -230,26 +260,33 @@ def compare(
     ]
     run = shadow_run(history, shadow_id)
     first_ms = _first_evaluated(spark, cfg, shadow_id, run.versions)
+    live_history = (
+        [r.asDict() for r in tables.read(spark, cfg, "rule_history").where(F.col("ruleId") == run.live_id).collect()]
+        if run.live_id is not None
+        else []
+    )
+    schema = event_schema.for_job(cfg)
+    rules = {"shadow": _definition(history, run.versions[-1], schema)}
+    if live_history:  # the live rule as it was compared: not the version its promotion wrote
+        rules["live"] = _definition(
+            live_history, max(int(r["version"]) for r in live_history if r["change"] != run.ended_by), schema
+        )
     if run.ended_by == f"promote:{shadow_id}" and run.live_id is not None:
         # the exact switch: the first batch that evaluated the promoted version (a batch planned before the
         # promotion, replayed after a restart, still ran the shadow rule)
-        promoted = [
-            r.version
-            for r in tables.read(spark, cfg, "rule_history")
-            .where((F.col("ruleId") == run.live_id) & (F.col("change") == run.ended_by))
-            .collect()
-        ]
+        promoted = [r["version"] for r in live_history if r["change"] == run.ended_by]
         switch_ms = _first_evaluated(spark, cfg, run.live_id, tuple(promoted)) if promoted else None
         if switch_ms is not None:
             run = replace(run, ended_ms=switch_ms)
     query = LOGINS_QUERY if run.rule_type == LOGIN_RULE else EVALUATE_QUERY
-    committed = [
-        (int(r.batchId), int(r.t))
-        for r in tables.read(spark, cfg, "batches")
+    unit, counted = ("login events", "inputRows") if query == LOGINS_QUERY else ("transactions", "transactions")
+    beats = (
+        tables.read(spark, cfg, "batches")
         .where(F.col("query") == query)
-        .select("batchId", (F.unix_millis("committedAt")).alias("t"))
+        .select("batchId", (F.unix_millis("committedAt")).alias("t"), F.col(counted).alias("n"))
         .collect()
-    ]
+    )
+    committed = [(int(r.batchId), int(r.t)) for r in beats]
     since_ms = _ms(since) if since else None
     until_ms = _ms(until) if until else None
     first, end = batch_range(run, first_ms, committed, since_ms, until_ms)
@@ -262,7 +299,16 @@ def compare(
         notes.append("(the shadow rule has not been evaluated yet: no rule_applied record)")
     if run.ended_by:
         notes.append(f"(the shadow run ended with change {run.ended_by!r}, in force at {iso_time(run.ended_ms)})")
-    return Comparison(shadow_id, run.live_id, (first, end), notes=notes, **result)
+    window = batch_period(committed, (first, end), period_start(run, first_ms, since_ms))
+    n = sum(int(r.n or 0) for r in beats if r.batchId >= first and (end is None or r.batchId < end))
+    return Comparison(
+        shadow_id, run.live_id, (first, end), notes=notes, window=window, rules=rules, evaluated=(n, unit), **result
+    )
+
+
+def _definition(history: list[dict], version: int, schema: event_schema.EventSchema) -> str:
+    """What a rule checks at `version` of its rule_history rows, in one line."""
+    return rule_text(from_row(next(r for r in history if int(r["version"]) == version), schema))
 
 
 def _first_evaluated(spark: SparkSession, cfg: JobConfig, rule_id: int, versions: tuple[int, ...]) -> int | None:
@@ -291,10 +337,9 @@ def alerts_in(
     return rows if len(rows) else _empty()
 
 
-def live_vs_shadow(spark: SparkSession, cfg: JobConfig, shadow_id: int, bucket_ms: int = 60_000) -> pd.DataFrame:
-    """Alerts per event-time bucket of the shadow rule and its live rule over their common batches:
+def live_vs_shadow(c: Comparison, bucket_ms: int = 60_000) -> pd.DataFrame:
+    """Alerts per event-time bucket of a comparison's shadow rule and live rule over their common batches:
     columns bucket (timestamp), live, shadow (for `plots.plot_live_vs_shadow`)."""
-    c = compare(spark, cfg, shadow_id)
     both = _sides(c.alerts["live"], c.alerts["shadow"])
     both["bucket"] = pd.to_datetime(both["eventTimeMs"].astype("int64") // bucket_ms * bucket_ms, unit="ms", utc=True)
     return _per_side(both, "bucket")

@@ -19,6 +19,7 @@ from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, JobConfig
 from fraudrules.engine import ingest, keying
 from fraudrules.engine.inputs import numeric
+from fraudrules.engine.messages import rule_text
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.generator import RichWorkload, sample_rules_path
 from fraudrules.rules import store
@@ -236,13 +237,19 @@ def shard_load(keyed: DataFrame) -> DataFrame:
 
 
 def stateful_batches(
-    batches: DataFrame, progress: Sequence[Mapping[str, Any]] = (), query: str = EVALUATE_QUERY
+    batches: DataFrame, progress: Sequence[Mapping[str, Any]] = (), query: str = EVALUATE_QUERY, replay: bool = False
 ) -> pd.DataFrame:
     """A stateful query's micro-batches from its heartbeat rows (`batches` table) and, when given, its progress
     reports (`notebook.run_queries(...)[query]["progress"]`): batch, committed at, transactions, alerts, late
-    events, latency p50/p99 (s), duration (s) and transactions per second of that duration."""
+    events, latency p50/p99 (s), duration (s) and transactions per second of that duration. A `replay`
+    (available-now, over files written earlier) has no latency columns: what its heartbeat records is how long
+    ago each transaction was written, not how fast the job alerts."""
     import pandas as pd
 
+    latency = [
+        (F.col("latencyP50Ms") / 1000.0).alias("latency p50 (s)"),
+        (F.col("latencyP99Ms") / 1000.0).alias("latency p99 (s)"),
+    ]
     beats = (
         batches.where(F.col("query") == query)
         .select(
@@ -251,8 +258,7 @@ def stateful_batches(
             "transactions",
             "alerts",
             F.col("lateEvents").alias("late"),
-            (F.col("latencyP50Ms") / 1000.0).alias("latency p50 (s)"),
-            (F.col("latencyP99Ms") / 1000.0).alias("latency p99 (s)"),
+            *([] if replay else latency),
         )
         .orderBy("batch")
         .toPandas()
@@ -300,7 +306,7 @@ def _rows_written(metrics: Mapping[str, str]) -> str:
 
 
 def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> pd.DataFrame:
-    """Rows a query appended to a table, per micro-batch (from the commits' batch markers, see tables.Ledger)."""
+    """Rows a query appended to a table, per micro-batch (from the commits' notes, see tables.Txn)."""
     import pandas as pd
 
     history = tables.delta(spark, cfg, table).history().select("userMetadata", "operationMetrics").collect()
@@ -312,17 +318,16 @@ def batch_rows(spark: SparkSession, cfg: JobConfig, table: str, query: str) -> p
     return pd.DataFrame(sorted(rows.items()), columns=["batch", "rows"])
 
 
-def alert_latencies(alerts: DataFrame, batch_ids: Sequence[int] | None = None) -> DataFrame:
-    """Per alert: latencyMs from the transaction's ingestionTimestamp to the alert's commit (producedAtMs)."""
-    df = alerts.where(F.col("ingestionTimestamp") > 0)
-    if batch_ids is not None:
-        df = df.where(F.col("batchId").isin(*[int(b) for b in batch_ids]))
-    return df.select(
-        "batchId", "ruleId", "alertId", (F.col("producedAtMs") - F.col("ingestionTimestamp")).alias("latencyMs")
-    )
-
-
 # ---------------------------------------------------------------- backtests and history
+
+
+def rule_labels(spark: SparkSession, cfg: JobConfig) -> dict[int, str]:
+    """Each rule of the rules table by what it checks, for plots: `rule 5: SUM(paymentAmount) ... > 40,000.00`."""
+    schema = event_schema.for_job(cfg)
+    return {
+        rule_id: f"rule {rule_id}: {rule_text(stored_rule(json.loads(row['ruleJson']), schema))}"
+        for rule_id, row in sorted(store.current(spark, cfg).items())
+    }
 
 
 def with_rule_id(rule: Rule, rule_id: int) -> Rule:

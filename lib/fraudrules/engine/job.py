@@ -1,8 +1,8 @@
 """The continuous job: rule changes, bronze ingest, and the stateful queries (window rules, logins).
 
-Bronze ingest and evaluation read the same source, each with its own checkpoint, so that an alert is one
-micro-batch away from ingestion rather than two. The ingest queries run in the background scheduler pool
-(on a small machine they never make the others wait for a core longer than a task) and their stream
+Bronze ingest and evaluation read the same source, each with its own checkpoint (and position in the source), so
+that an alert is one micro-batch away from ingestion rather than two. The ingest queries run in the background
+scheduler pool (on a small machine they never make the others wait for a core longer than a task) and their stream
 threads at the lowest priority (`session.background_thread`).
 """
 
@@ -28,7 +28,7 @@ from fraudrules.config import (
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, inputs
+from fraudrules.engine import ingest, inputs, tws_input
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
 from fraudrules.engine.progress import say
@@ -187,24 +187,24 @@ class Job:
 
 
 def query(
-    spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = say, raw: DataFrame | None = None
+    spark: SparkSession, cfg: JobConfig, name: str, printer: Printer | None = say
 ) -> tuple[DataFrame, Callable[[DataFrame, int], None]]:
-    """The named query's streaming DataFrame and its foreachBatch sink (`raw`: the transactions source)."""
+    """The named query's streaming DataFrame and its foreachBatch sink."""
     if name == RULES_QUERY:
         return rule_changes(spark, cfg), RuleChangeSink(cfg, printer)
     if name == INGEST_QUERY:
-        raw = raw if raw is not None else raw_transactions(spark, cfg)
-        return ingest.parse(raw, event_schema.for_job(cfg)), IngestSink(cfg, INGEST_QUERY)
+        return ingest.parse(raw_transactions(spark, cfg, name), event_schema.for_job(cfg)), IngestSink(
+            cfg, INGEST_QUERY
+        )
     if name == LOGINS_INGEST_QUERY:
-        return ingest.parse_logins(raw_logins(spark, cfg)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
+        return ingest.parse_logins(raw_logins(spark, cfg, name)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
     if name in STATEFUL:
         committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds)
         publish = (lambda alerts: publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
         sink = ResultSink(committer, publish, printer)
         if name == EVALUATE_QUERY:
-            raw = raw if raw is not None else raw_transactions(spark, cfg)
-            return evaluate(spark, cfg, raw), sink
-        return detect_logins(spark, cfg, raw_logins(spark, cfg)), sink
+            return evaluate(spark, cfg, raw_transactions(spark, cfg, name)), sink
+        return detect_logins(spark, cfg, raw_logins(spark, cfg, name)), sink
     raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
 
 
@@ -214,21 +214,18 @@ def query_names(cfg: JobConfig) -> tuple[str, ...]:
 
 
 def start(
-    spark: SparkSession,
-    cfg: JobConfig,
-    raw: DataFrame | None = None,
-    printer: Printer | None = say,
-    names: tuple[str, ...] | None = None,
+    spark: SparkSession, cfg: JobConfig, printer: Printer | None = say, names: tuple[str, ...] | None = None
 ) -> Job:
     """Create missing tables, adopt the event schema (`adopt_schema`), commit what a previous run left in the
     outboxes, start the queries (`names`, by default `query_names(cfg)`)."""
     tables.ensure(spark, cfg)
     adopt_schema(spark, cfg)
-    raw = raw if raw is not None else raw_transactions(spark, cfg)
     names = names or query_names(cfg)
+    if printer and (note := tws_input.notice()):
+        printer(note)
     queries, committers = {}, []
     for name in names:
-        df, sink = query(spark, cfg, name, printer, raw)
+        df, sink = query(spark, cfg, name, printer)
         if isinstance(sink, ResultSink):
             sink.committer.commit_pending()  # a previous run's results first: Delta sees them in batch order
             committers.append(sink.committer)

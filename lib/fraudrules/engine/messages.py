@@ -57,15 +57,18 @@ def iso_time(ms: int | float | None) -> str:
 
 
 def duration_text(ms: float | None) -> str:
-    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s` (`-` for none)."""
+    """A duration for people: `850 ms`, `1.2 s`, `2 min 5 s`, `3 h 20 min` (`-` for none)."""
     if ms is None or ms != ms:  # None or NaN
         return "-"
     if ms < 1_000:
         return f"{ms:,.0f} ms"
     if ms < 60_000:
         return f"{ms / 1000:,.1f} s"
-    minutes, rest = divmod(ms / 1000, 60)
-    return f"{minutes:.0f} min {rest:.0f} s"
+    if ms < 3_600_000:
+        minutes, rest = divmod(round(ms / 1000), 60)
+        return f"{minutes} min {rest} s"
+    hours, rest = divmod(round(ms / 60_000), 60)
+    return f"{hours:,} h {rest} min"
 
 
 def aggregate_places(rule: Rule) -> int:
@@ -119,7 +122,8 @@ def aggregate_text(rule: Rule) -> str:
 
 def window_message(rule: Rule, key_json: str, aggregate: str) -> str:
     """An alert's message: `SUM(paymentAmount) over 1 min for payeeId=4, beneficiaryId=36 = 72,999.92, limit >
-    40,000.00`; a value rounded for display is marked `~`."""
+    40,000.00`; a value rounded for display says so (`AVG(...) = 3,012.35 (rounded)`: the stored aggregate is
+    exact)."""
     return window_messages(rule, [key_json], [aggregate])[0]
 
 
@@ -132,8 +136,8 @@ def window_messages(rule: Rule, keys: list[str], aggregates: list[str]) -> list[
     for key_json, aggregate in zip(keys, aggregates, strict=True):
         value = Decimal(aggregate)
         shown = number(value, places)
-        approx = "~" if value != Decimal(shown.replace(",", "")) else ""
-        out.append(f"{head}{key_label(key_json)} = {approx}{shown}{tail}")
+        rounded = " (rounded)" if value != Decimal(shown.replace(",", "")) else ""
+        out.append(f"{head}{key_label(key_json)} = {shown}{rounded}{tail}")
     return out
 
 

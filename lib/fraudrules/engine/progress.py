@@ -1,7 +1,7 @@
 """What the running job prints: each line labelled by its query, counts in transactions, times readable.
 
-- the stateful queries' sinks print a batch's alerts as soon as they have them (`batch_lines`) and add the
-  batch's transactions to `TALLIES`;
+- the stateful queries' sinks print a batch's alerts as soon as they have them (`batch_lines`: one line per rule
+  and key, and which batches since the last one printed had none) and add the batch's transactions to `TALLIES`;
 - `ProgressPrinter` (a streaming query listener) says when a query starts, finishes its first micro-batch
   (the slow one: Python workers and state stores start) and stops or fails;
 - the run loop prints, every few seconds, each stateful query's throughput in transactions
@@ -59,15 +59,29 @@ class Tally:
 
 @dataclass
 class Tallies:
-    """Per query, the sinks' counts since the last `take` (sinks run on Spark's threads, the report on ours)."""
+    """Per query, the sinks' counts since the last `take` (sinks run on Spark's threads, the report on ours), and
+    the batches since the last one printed."""
 
     by_query: dict[str, Tally] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    unprinted: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # first, last, count since the last print
 
     def add(self, query: str, events: int, alerts: int, late: int) -> None:
         with self.lock:
             t = self.by_query.setdefault(query, Tally())
             t.events, t.alerts, t.late, t.batches = t.events + events, t.alerts + alerts, t.late + late, t.batches + 1
+
+    def silent_before(self, query: str, batch_id: int, printed: bool) -> tuple[int, int, int] | None:
+        """Record a batch; when it is `printed`, the batches of this process since the last printed one (first,
+        last, how many: they had no alerts and no late events), which the printed line names so that its number
+        does not skip unexplained."""
+        with self.lock:
+            before = self.unprinted.pop(query, None)
+            if printed:
+                return before
+            first, _, count = before or (batch_id, batch_id, 0)
+            self.unprinted[query] = (first, batch_id, count + 1)
+            return None
 
     def take(self) -> dict[str, Tally]:
         with self.lock:
@@ -89,13 +103,18 @@ def alert_line(alert: Any) -> str:
     return f"  ALERT rule {alert.ruleId} · {who} at {iso_time(alert.eventTimeMs)} · {alert.message}"
 
 
-def first_per_key(alerts: pd.DataFrame, n: int) -> pd.DataFrame:
-    """Up to `n` alerts, the first of each (rule, key) before any second one: a burst's alerts do not hide the
-    batch's other incidents."""
-    if alerts.empty:
-        return alerts
-    rank = alerts.groupby(["ruleId", "key"], sort=False, dropna=False).cumcount()
-    return alerts.assign(_rank=rank.to_numpy()).sort_values("_rank", kind="stable").head(n).drop(columns="_rank")
+def first_per_key(alerts: pd.DataFrame) -> pd.DataFrame:
+    """The first alert of each (rule, key) in the batch, in order, with the key's number of alerts (`ofKey`): a
+    key is one line, and a burst's alerts do not hide the batch's other incidents."""
+    groups = alerts.groupby(["ruleId", "key"], sort=False, dropna=False)
+    return alerts.assign(ofKey=groups["ruleId"].transform("size").to_numpy())[groups.cumcount().to_numpy() == 0]
+
+
+def batch_range_text(first: int, last: int, count: int) -> str:
+    """`batch 7`, `batches 6–8` (consecutive) or `6 batches of 3–11`."""
+    if count == 1:
+        return f"batch {first}"
+    return f"batches {first}–{last}" if last - first + 1 == count else f"{count} batches of {first}–{last}"
 
 
 def plural(n: int, noun: str) -> str:
@@ -106,19 +125,25 @@ def batch_lines(
     query: str, batch_id: int, heartbeat: Mapping[str, Any], alerts: pd.DataFrame, show: int = 5
 ) -> list[str]:
     """A stateful micro-batch for the console (nothing when it had no alerts and no late events), counted in
-    `TALLIES`: a line with its counts and latency, then its first `show` alerts."""
+    `TALLIES`: a line with its counts, latency and the batches since the last one printed (they had none), then
+    the first alert of each of its first `show` (rule, key) pairs."""
     events, late = events_of(query, heartbeat), int(heartbeat.get("lateEvents") or 0)
     TALLIES.add(query, events, len(alerts), late)
+    silent = TALLIES.silent_before(query, batch_id, printed=bool(len(alerts) or late))
     if not len(alerts) and not late:
         return []
     unit = UNITS.get(query, "events")
     counts = f"{plural(len(alerts), 'alert')} in {events:,} {unit}" + (f", {late:,} late" if late else "")
-    lines = [f"[{query}] batch {batch_id}: {counts}{_latency(heartbeat)}"]
-    lines += [alert_line(a) for a in first_per_key(alerts, show).itertuples()]
-    if len(alerts) > show:
+    quiet = f" ({batch_range_text(*silent)}: no alerts)" if silent else ""
+    lines = [f"[{query}] batch {batch_id}: {counts}{_latency(heartbeat)}{quiet}"]
+    keys = first_per_key(alerts) if len(alerts) else alerts
+    for a in keys.head(show).itertuples():
+        more = f" (+{a.ofKey - 1:,} more of this key)" if a.ofKey > 1 else ""
+        lines.append(alert_line(a) + more)
+    if len(keys) > show:
         per_rule = alerts["ruleId"].value_counts().sort_index()
         rules = ", ".join(f"{r}: {n:,}" for r, n in per_rule.items())
-        lines.append(f"  … {len(alerts) - show:,} more; all {len(alerts):,} by rule: {rules}")
+        lines.append(f"  … {len(keys) - show:,} more keys; all {len(alerts):,} alerts by rule: {rules}")
     return lines
 
 
@@ -163,7 +188,10 @@ class ProgressPrinter(StreamingQueryListener):
             if first:
                 self.first_batch[name] = time.monotonic()
         if first and name in STATEFUL:
-            self.printer(f"[{name}] first micro-batch done in {duration_text(p.batchDuration)} (incl. start-up)")
+            resumed = f", batch {p.batchId}: numbers go on from the checkpoint" if p.batchId else ""
+            self.printer(
+                f"[{name}] first micro-batch done in {duration_text(p.batchDuration)} (incl. start-up{resumed})"
+            )
 
     def onQueryIdle(self, event) -> None:
         pass

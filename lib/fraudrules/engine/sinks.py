@@ -4,11 +4,11 @@ A stateful micro-batch's output is collected once (that one Spark job runs the w
 go to consumers straight away (console, Kafka alerts topic: at-least-once, keyed by alertId for consumers
 to de-duplicate). Every row bound for Delta (alerts, late events, the batch heartbeat, first evaluations
 of rule versions) is written to the query's outbox, files in its checkpoint folder, before the micro-batch
-ends. A committer thread appends them to the Delta tables, several micro-batches per commit, each append
-recording its last batch id (`tables.Ledger`) so that a batch already in a table is never appended again.
+ends. A committer thread appends them to the Delta tables, several micro-batches per commit, each commit with
+Delta's transaction (query, its last batch id) so that a batch already in a table is never appended again.
 A crash between outbox and Delta loses nothing: the next start commits what the outbox holds before the
 queries resume. Bronze, quarantine and rule errors are appended by their queries, exactly once per batch
-the same way.
+the same way (transaction (query, batch id)).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
@@ -27,12 +28,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
 from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.engine import progress
-from fraudrules.engine.ingest import valid, with_defaults
+from fraudrules.engine.ingest import with_defaults
 from fraudrules.engine.progress import Printer
 from fraudrules.engine.sources import client_options
 from fraudrules.rules import store
@@ -105,7 +105,9 @@ OUTBOX = {
             ("pythonStages", pa.string()),
         ]
     ),
-    "rule_seen": pa.schema([("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64())]),
+    "rule_seen": pa.schema(
+        [("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64()), ("batchId", pa.int64())]
+    ),
 }
 OUTBOX["shadow_alerts"] = OUTBOX["alerts"].append(pa.field("shadowOf", pa.int32()))
 # Table timestamps derived from outbox milliseconds when committed (column: milliseconds column).
@@ -179,9 +181,40 @@ class Outbox:
                 if os.path.exists(path):
                     os.remove(path)
 
+    def progress(self, table: str) -> Progress:
+        path = os.path.join(self.folder, f"progress-{table}.json")
+        if not os.path.exists(path):
+            return Progress(-1, None)
+        with open(path, encoding="utf-8") as fh:
+            return Progress(**json.load(fh))
+
+    def set_progress(self, table: str, progress: Progress) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, f"progress-{table}.json")
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"committed": progress.committed, "group": progress.group}, fh)
+        os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a table has the outbox's rows: every batch up to `committed`; `group`, the batches of a commit in
+    flight (recorded before it is made: after a crash, exactly this group is committed again, and Delta skips it
+    if it had made it)."""
+
+    committed: int
+    group: list[int] | None
+
+
+def app_of(cfg: JobConfig, query: str) -> str:
+    """The query's Delta transaction app id: its name and id (kept in its checkpoint, new for a new checkpoint)."""
+    return f"{query}:{cfg.query_id(query)}"
+
 
 class Committer(threading.Thread):
-    """Appends a query's outbox to Delta in the background, each table idempotently per batch id."""
+    """Appends a query's outbox to Delta in the background: per table, the batches it does not have yet, in one
+    commit with the transaction (query, last batch of the commit)."""
 
     def __init__(
         self, spark: SparkSession, cfg: JobConfig, query: str, printer: Printer | None, min_interval_s: float = 2.0
@@ -194,7 +227,7 @@ class Committer(threading.Thread):
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # the thread and callers of commit_pending (drains, tests) take turns
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
-        self.ledgers = tables.Ledgers(cfg, query)
+        self.writer = tables.writer(spark, cfg)
 
     def run(self) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)
@@ -222,58 +255,65 @@ class Committer(threading.Thread):
         with self.lock:
             return self._commit()
 
-    def ledger(self, name: str) -> tables.Ledger:
-        return self.ledgers.get(self.spark, name)
-
-    def _parts(self, batches: list[int], name: str, table: str | None = None) -> list[pa.Table]:
-        """Outbox rows `name` of the batches that `table` (default: the same name) does not have yet."""
-        done = self.ledger(table or name).last()
-        parts = (self.outbox.read(b, name) for b in batches if b > done)
-        return [t for t in parts if t is not None and t.num_rows]
-
     def _commit(self) -> int:
         batches = self.outbox.pending()
         if not batches:
             return 0
         for name, times in TIMES.items():
-            if parts := self._parts(batches, name):
-                self.ledger(name).append(with_times(pa.concat_tables(parts), times), batches[-1])
-        if seen := self._parts(batches, "rule_seen", "rule_applied"):
-            self._rule_applied(pa.concat_tables(seen).to_pandas(), batches[-1])
-        self.outbox.remove(batches)
+            self._commit_table(name, name, batches, lambda parts, t=times: with_times(pa.concat_tables(parts), t))
+        self._commit_table("rule_applied", "rule_seen", batches, self._rule_applied)
+        done = min(self.outbox.progress(table).committed for table in (*TIMES, "rule_applied"))
+        self.outbox.remove([b for b in batches if b <= done])
         return len(batches)
 
-    def _rule_applied(self, seen: pd.DataFrame, batch_id: int) -> None:
-        """Record, once per rule version, the delay from its change to the first event evaluated under it."""
-        if self.reported is None:
-            rows = tables.arrow(self.spark, self.cfg, "rule_applied", ["ruleId", "version"]).to_pylist()
-            self.reported = {(r["ruleId"], r["version"]) for r in rows}
-        first = seen.groupby(["ruleId", "ruleVersion"])["firstMs"].min()
-        new = {k: v for k, v in first.items() if (int(k[0]), int(k[1])) not in self.reported}
-        if not new:
+    def _commit_table(
+        self, table: str, part: str, batches: list[int], rows_of: Callable[[list[pa.Table]], tables.Rows]
+    ) -> None:
+        """Commit the rows `part` of the batches `table` does not have yet (`rows_of` makes them table rows)."""
+        progress = self.outbox.progress(table)
+        group = progress.group or [b for b in batches if b > progress.committed]
+        if not group:
             return
+        self.outbox.set_progress(table, Progress(progress.committed, group))
+        parts = [t for b in group if (t := self.outbox.read(b, part)) is not None and t.num_rows]
+        rows = rows_of(parts) if parts else []
+        if len(rows):
+            self.writer.append(table, rows, tables.Txn(app_of(self.cfg, self.query), group[-1]))
+        self.outbox.set_progress(table, Progress(group[-1], None))
+
+    def _rule_applied(self, parts: list[pa.Table]) -> list[dict]:
+        """Rows of rule_applied: once per rule version, the delay from its change to the first event evaluated
+        under it."""
+        seen = pa.concat_tables(parts).to_pandas()
+        if self.reported is None:
+            rows = self.writer.arrow("rule_applied", ["ruleId", "version"]).to_pylist()
+            self.reported = {(r["ruleId"], r["version"]) for r in rows}
+        first = seen.sort_values(["firstMs", "batchId"]).groupby(["ruleId", "ruleVersion"]).first()
+        new = {k: v for k, v in first.iterrows() if (int(k[0]), int(k[1])) not in self.reported}
+        if not new:
+            return []
         columns = ["ruleId", "version", "ruleState", "updatedAt"]
-        history = tables.arrow(self.spark, self.cfg, "rule_history", columns).to_pylist()
+        history = self.writer.arrow("rule_history", columns).to_pylist()
         changed = {(r["ruleId"], r["version"]): r["updatedAt"] for r in history if r["ruleState"] != "CONTROL"}
         records = []
-        for (rule_id, version), first_ms in new.items():
+        for (rule_id, version), first in new.items():
             at = changed.get((int(rule_id), int(version)))
-            delay = None if at is None else int(first_ms) - int(at.timestamp() * 1000)
+            delay = None if at is None else int(first["firstMs"]) - int(at.timestamp() * 1000)
             records.append(
                 {
                     "ruleId": int(rule_id),
                     "version": int(version),
                     "changedAt": at,
                     "delayMs": delay,
-                    "firstEvaluatedAt": pd.Timestamp(int(first_ms), unit="ms", tz="UTC").to_pydatetime(),
-                    "batchId": batch_id,
+                    "firstEvaluatedAt": pd.Timestamp(int(first["firstMs"]), unit="ms", tz="UTC").to_pydatetime(),
+                    "batchId": int(first["batchId"]),
                 }
             )
             self.reported.add((int(rule_id), int(version)))
         if self.printer:
             for line in progress.rules_in_force_lines(self.query, records):
                 self.printer(line)
-        self.ledger("rule_applied").append(records, batch_id)
+        return records
 
 
 def _rule_fields(rule_json: str) -> dict:
@@ -401,7 +441,7 @@ class ResultSink:
             "latencyMaxMs": pmax,
             **_shard_totals(stats),
         }
-        rule_seen = seen.assign(firstMs=seen["producedAt"])
+        rule_seen = seen.assign(firstMs=seen["producedAt"], batchId=batch_id)
         self.committer.outbox.put(
             batch_id,
             {
@@ -418,57 +458,28 @@ class ResultSink:
                 self.printer(line)
 
 
-# A bronze micro-batch up to this many records is collected as Arrow and committed through delta-rs (one Spark
-# job instead of three plus a Spark Delta commit: 0.6 -> 0.2 s a 5,000-record batch). A larger one takes Spark's
-# writer, which parses it again: what the bound check collected is a fraction of such a batch's own cost.
-ARROW_INGEST_ROWS = 250_000
-POSITION_MASK = (1 << 33) - 1  # monotonically_increasing_id(): partition index << 33 | position in the partition
-
-
-def collect_bounded(df: DataFrame, rows: int) -> pa.Table | None:
-    """`df` as Arrow when no partition holds more than its share of `rows`, else None (nothing is collected
-    beyond that share, plus one row, of each partition).
-
-    Bounded per partition, not by `limit`: a limit under a collect moves every row to one partition first
-    (a shuffle: 1.3-1.6 s of CPU for the 200,000-record micro-batch of a backtest). Meant for plans without a
-    shuffle (a source's micro-batch): `df.rdd` then counts their partitions without running anything. A batch
-    with uneven partitions can be refused below `rows` in all."""
-    share = rows // max(df.rdd.getNumPartitions(), 1)
-    position = F.monotonically_increasing_id().bitwiseAND(F.lit(POSITION_MASK))
-    records = df.withColumn("_position", position).where(F.col("_position") <= share).toArrow()
-    if records.num_rows and pc.max(records.column("_position")).as_py() == share:  # a partition had more
-        return None
-    return records.drop_columns(["_position"])
-
-
 class IngestSink:
-    """foreachBatch target of an ingest query: bronze and quarantine rows, each exactly once per batch
-    (empty ones skipped)."""
+    """foreachBatch target of an ingest query: bronze and quarantine rows, each exactly once per batch (empty ones
+    skipped). The micro-batch is one Spark job (the parse, collected as Arrow: a micro-batch is bounded by
+    `max_records_per_trigger`), split and stamped here, and committed by the table writer."""
 
     def __init__(self, cfg: JobConfig, query: str, kind: str = "transaction"):
         self.cfg, self.query, self.kind = cfg, query, kind
         self.bronze = "transactions" if kind == "transaction" else "logins"
-        self.ledgers = tables.Ledgers(cfg, query)
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
-        spark = parsed.sparkSession
-        background_thread(spark)
-        if tables.native(self.cfg):
-            records = collect_bounded(with_defaults(parsed), ARROW_INGEST_ROWS)
-            if records is not None:
-                self._append_arrow(spark, records, batch_id)
-                return
-        self._append_spark(spark, parsed, batch_id)
-
-    def _append_arrow(self, spark: SparkSession, records: pa.Table, batch_id: int) -> None:
         """The stamps come from Python: a `current_timestamp()` is a constant that Spark compiles into new code
         at every micro-batch."""
+        spark = parsed.sparkSession
+        background_thread(spark)
+        records = with_defaults(parsed).toArrow()
+        writer, txn = tables.writer(spark, self.cfg), tables.Txn(app_of(self.cfg, self.query), batch_id)
         stamp = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
         bad = pc.is_valid(records.column("error"))
         good = records.filter(pc.invert(bad))
         if good.num_rows:
             rows = good.append_column("raw", good.column("value"))
-            self.ledgers.get(spark, self.bronze).append(_stamped(rows, "ingestedAt", stamp), batch_id)
+            writer.append(self.bronze, _stamped(rows, "ingestedAt", stamp), txn)
         quarantined = records.filter(bad)
         if quarantined.num_rows:
             rows = pa.table(
@@ -480,30 +491,7 @@ class IngestSink:
                     "srcPos": quarantined.column("srcPos"),
                 }
             )
-            self.ledgers.get(spark, "quarantine").append(_stamped(rows, "quarantinedAt", stamp), batch_id)
-
-    def _append_spark(self, spark: SparkSession, parsed: DataFrame, batch_id: int) -> None:
-        parsed.persist()
-        try:
-            counts = {
-                r["bad"]: r["count"] for r in parsed.groupBy(F.col("error").isNotNull().alias("bad")).count().collect()
-            }
-            now = F.current_timestamp()
-            if counts.get(False):
-                rows = valid(parsed).withColumn("raw", F.col("value")).withColumn("ingestedAt", now)
-                self.ledgers.get(spark, self.bronze).append(rows, batch_id)
-            if counts.get(True):
-                bad = parsed.where(F.col("error").isNotNull()).select(
-                    F.lit(self.kind).alias("kind"),
-                    F.col("value").alias("raw"),
-                    F.col("error").alias("reason"),
-                    "srcName",
-                    "srcPos",
-                    now.alias("quarantinedAt"),
-                )
-                self.ledgers.get(spark, "quarantine").append(bad, batch_id)
-        finally:
-            parsed.unpersist()
+            writer.append("quarantine", _stamped(rows, "quarantinedAt", stamp), txn)
 
 
 def _stamped(rows: pa.Table, column: str, stamp: pa.Scalar) -> pa.Table:
@@ -517,7 +505,6 @@ class RuleChangeSink:
 
     def __init__(self, cfg: JobConfig, printer: Printer | None = progress.say):
         self.cfg, self.printer = cfg, printer
-        self.ledgers = tables.Ledgers(cfg, RULES_QUERY)
         self.schema = event_schema.for_job(cfg)  # rules naming fields it does not declare go to rule_errors
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -548,7 +535,9 @@ class RuleChangeSink:
                 )
         if errors:
             received = datetime.now(timezone.utc)
-            self.ledgers.get(spark, "rule_errors").append([{**e, "receivedAt": received} for e in errors], batch_id)
+            rows = [{**e, "receivedAt": received} for e in errors]
+            txn = tables.Txn(app_of(self.cfg, RULES_QUERY), batch_id)
+            tables.writer(spark, self.cfg).append("rule_errors", rows, txn)
 
 
 def publish_alerts(spark: SparkSession, alerts: pd.DataFrame, cfg: JobConfig) -> None:

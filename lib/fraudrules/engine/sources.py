@@ -22,50 +22,40 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 
 from fraudrules.config import JobConfig
+from fraudrules.engine import lines
 from fraudrules.engine.ingest import RAW_COLUMNS
-from fraudrules.paths import escape_glob, is_glob, is_remote
+from fraudrules.paths import is_glob, is_remote
 
 # Rule change sources are "topic-partition:offset" with the offset zero-padded: text order = offset order.
 OFFSET_DIGITS = 20
 
 
-def raw_transactions(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+def raw_transactions(spark: SparkSession, cfg: JobConfig, query: str) -> DataFrame:
+    """Transaction records for one query (each query keeps its own position in the source, in its checkpoint)."""
     if cfg.source == "kafka":
         return kafka_source(spark, cfg, cfg.kafka_transactions_topic)
-    return file_source(spark, cfg.landing, cfg.max_files_per_trigger)
+    return file_source(spark, cfg.landing, cfg.checkpoint(query), cfg.max_records_per_trigger)
 
 
-def raw_logins(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+def raw_logins(spark: SparkSession, cfg: JobConfig, query: str) -> DataFrame:
     if cfg.source == "kafka":
         return kafka_source(spark, cfg, cfg.kafka_logins_topic)
-    return file_source(spark, cfg.logins_landing, cfg.max_files_per_trigger)
+    return file_source(spark, cfg.logins_landing, cfg.checkpoint(query), cfg.max_records_per_trigger)
 
 
-def file_source(spark: SparkSession, path: str, max_files: int | None = None) -> DataFrame:
+def file_source(spark: SparkSession, path: str, checkpoint: str, max_records: int | None = None) -> DataFrame:
     """JSON-lines files, one record per line, with (file, line) positions: the files of a folder (created when
-    missing: a landing folder may not have received its first file yet), one file, or a glob's matches.
-
-    Files are read whole (`wholetext`) so that line numbers survive: a streaming plan cannot number
-    rows any other way.
-    """
-    reader = spark.readStream
-    if max_files:
-        reader = reader.option("maxFilesPerTrigger", str(max_files))
-    if is_remote(path) or is_glob(path):
-        watched = path  # the file source expands globs itself, at every micro-batch
-    elif os.path.isfile(path):  # the file source reads folders: watch the file's folder for that name only
-        reader = reader.option("pathGlobFilter", escape_glob(os.path.basename(path)))
-        watched = os.path.dirname(os.path.abspath(path))
-    else:
+    missing: a landing folder may not have received its first file yet), one file, or a glob's matches; at most
+    `max_records` lines per micro-batch, whatever the files' sizes (`lines`). `checkpoint`: the reading query's,
+    where the source keeps the files it has seen."""
+    if not (is_remote(path) or is_glob(path) or os.path.isfile(path)):
         os.makedirs(path, exist_ok=True)
-        watched = path
-    files = reader.text(watched, wholetext=True).select(
-        "value",
-        (F.unix_millis(F.col("_metadata.file_modification_time"))).alias("srcTime"),
-        F.col("_metadata.file_path").alias("srcName"),
-    )
-    lines = files.select("srcTime", "srcName", F.posexplode(F.split("value", "\n")).alias("srcPos", "value"))
-    return lines.where(F.trim("value") != "").select("value", "srcTime", "srcName", F.col("srcPos").cast("long"))
+    lines.register(spark)
+    reader = spark.readStream.format(lines.NAME).option("path", path).option("ledger", lines.ledger_of(checkpoint))
+    if max_records:
+        reader = reader.option("maxRecordsPerTrigger", str(max_records))
+    records = reader.load().select(F.col("value").cast("string").alias("value"), "srcTime", "srcName", "srcPos")
+    return records.where(F.trim("value") != "")
 
 
 def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
@@ -100,8 +90,8 @@ def kafka_reader(spark: SparkSession, cfg: JobConfig, topic: str, max_offsets: i
 
 
 def kafka_source(spark: SparkSession, cfg: JobConfig, topic: str) -> DataFrame:
-    """A topic as raw records (RAW_COLUMNS), at most `max_offsets_per_trigger` per micro-batch."""
-    df = kafka_reader(spark, cfg, topic, cfg.max_offsets_per_trigger).load()
+    """A topic as raw records (RAW_COLUMNS), at most `max_records_per_trigger` per micro-batch."""
+    df = kafka_reader(spark, cfg, topic, cfg.max_records_per_trigger).load()
     return df.select(
         F.col("value").cast("string").alias("value"),
         F.unix_millis("timestamp").alias("srcTime"),

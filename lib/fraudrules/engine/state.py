@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -300,12 +301,23 @@ class Backend(Protocol):
     def chunks(self) -> Iterator[tuple[int, bytes]]: ...
 
 
+def cache_root() -> str:
+    """Where the local chunk caches of this machine are (one folder per checkpoint's namespace)."""
+    return os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "fraudrules-state-cache")
+
+
+def drop_cache(namespace: str) -> None:
+    """Remove the local chunk cache of a checkpoint that is gone (a backtest's temporary one)."""
+    shutil.rmtree(os.path.join(cache_root(), namespace), ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(cache_root())  # only when no other checkpoint's cache is left in it
+
+
 class Cache:
     """Decoded chunks of the shards this process served, and their stored bytes on local disk."""
 
     def __init__(self, namespace: str, shard: int, root: str | None = None):
-        base = root or os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "fraudrules-state-cache")
-        self.dir = os.path.join(base, namespace, str(shard))
+        self.dir = os.path.join(root or cache_root(), namespace, str(shard))
         self.loaded: dict[int, tuple[str, Indexed]] = {}
 
     def _path(self, c: Chunk) -> str:

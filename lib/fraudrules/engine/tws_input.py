@@ -7,16 +7,23 @@ together, so the same groups are runs of equal keys in each Arrow batch: found w
 batch's frame. The frames, keys and modes yielded are those of the upstream method (`tests/unit/
 test_tws_input.py` compares both on the installed PySpark).
 
+Upstream cuts a key's rows into frames of at most `arrow_max_records_per_batch` rows, and of fewer rows than fit
+in `arrow_max_bytes_per_batch` at the running average row size it keeps (`_update_batch_size_stats`): the same
+cuts here, at the same rows, with the same statistics.
+
 Installed in a Python worker when it unpickles one of the job's processors (`VectorizedInput`), before the
-worker reads its input. Only on the PySpark release it was written against, and only for batches of plain
-columns (integers, floats, booleans, strings, binary): a batch with other columns is regrouped row by row as
-upstream does, and every other PySpark keeps its own method: a later release, and a Databricks runtime's (its
-own build, whatever version it reports).
+worker reads its input. Only on the PySpark release it was written against (exactly `RELEASE`), and only for
+batches of plain columns (integers, floats, booleans, strings, binary): a batch with other columns is regrouped
+row by row as upstream does, and every other PySpark keeps its own method: another release, and a Databricks
+runtime's (its own build, whatever version it reports). `FRAUDRULES_UPSTREAM_INPUT=1` keeps upstream's here too
+(what a cluster runs). The job says once when upstream's is in use (`notice`).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,8 +37,9 @@ from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPa
 
 from fraudrules.session import on_databricks
 
-PYSPARK_RELEASE = "4.2."  # the release whose load_stream this one reproduces
+RELEASE = "4.2.0"  # the release whose load_stream this one reproduces
 UPSTREAM = TransformWithStateInPandasSerializer.load_stream
+UPSTREAM_ENV = "FRAUDRULES_UPSTREAM_INPUT"
 
 
 def plain(schema: pa.Schema) -> bool:
@@ -66,11 +74,64 @@ def runs(frame: pd.DataFrame, key_offsets: list[int]) -> Iterator[tuple[tuple, p
         yield key, frame.iloc[start:end].reset_index(drop=True)
 
 
-def row_runs(frame: pd.DataFrame, key_offsets: list[int]) -> Iterator[tuple[tuple, pd.DataFrame]]:
-    """`runs` as upstream finds them, row by row: for columns whose values a row and a column hold differently."""
+def row_runs(frame: pd.DataFrame, key_offsets: list[int]) -> Iterator[tuple[tuple, list[tuple]]]:
+    """`runs` as upstream finds them, row by row, as rows: for columns whose values a row and a column hold
+    differently (upstream makes a frame of a key's rows with `pd.DataFrame(rows)`)."""
     rows = ((tuple(row[o] for o in key_offsets), row) for row in frame.itertuples(index=False))
     for key, group in itertools.groupby(rows, key=lambda kv: kv[0]):
-        yield key, pd.DataFrame([row for _, row in group])
+        yield key, [row for _, row in group]
+
+
+def rows_to_cut(count: int, max_rows: int, max_bytes: int, row_size: float) -> int:
+    """How many more rows a frame holding `count` takes before upstream cuts it (at least one): the first row
+    count at which it holds `max_rows`, or at which that count times `row_size` reaches `max_bytes` (the same
+    float comparison as upstream's)."""
+    cut = max_rows
+    if row_size > 0:
+        n = max(1, math.ceil(max_bytes / row_size))
+        while n > 1 and (n - 1) * row_size >= max_bytes:
+            n -= 1
+        while n * row_size < max_bytes:
+            n += 1
+        cut = min(cut, n)
+    return max(cut - count, 1)
+
+
+class Cutter:
+    """A key's rows cut into frames as upstream cuts them (`rows_to_cut`), whatever batches they came in."""
+
+    def __init__(self, max_rows: int, max_bytes: int):
+        self.max_rows, self.max_bytes = max_rows, max_bytes
+        self.key: tuple | None = None
+        self.held: list[pd.DataFrame | list[tuple]] = []  # the current frame's rows so far
+        self.count = 0
+
+    def add(
+        self, key: tuple, rows: pd.DataFrame | list[tuple], row_size: float
+    ) -> Iterator[tuple[tuple, pd.DataFrame]]:
+        """The frames complete once `rows` (a run of `key`, after those added before) are added."""
+        if key != self.key:
+            yield from self.flush()
+            self.key = key
+        at = 0
+        while at < len(rows):
+            room = rows_to_cut(self.count, self.max_rows, self.max_bytes, row_size)
+            take = min(room, len(rows) - at)
+            self.held.append(rows.iloc[at : at + take] if isinstance(rows, pd.DataFrame) else rows[at : at + take])
+            self.count, at = self.count + take, at + take
+            if take == room:
+                yield from self.flush()
+                self.key = key
+
+    def flush(self) -> Iterator[tuple[tuple, pd.DataFrame]]:
+        if self.held:
+            if isinstance(self.held[0], pd.DataFrame):
+                frame = self.held[0] if len(self.held) == 1 else pd.concat(self.held)
+                frame = frame.reset_index(drop=True)
+            else:
+                frame = pd.DataFrame([row for part in self.held for row in part])
+            yield self.key, frame
+        self.key, self.held, self.count = None, [], 0
 
 
 def load_stream(self: TransformWithStateInPandasSerializer, stream) -> Iterator[tuple]:
@@ -78,7 +139,9 @@ def load_stream(self: TransformWithStateInPandasSerializer, stream) -> Iterator[
     batches = super(ArrowStreamPandasSerializer, self).load_stream(stream)  # Arrow batches, as upstream reads them
 
     def grouped() -> Iterator[tuple[tuple, pd.DataFrame]]:
+        cutter = Cutter(self.arrow_max_records_per_batch, self.arrow_max_bytes_per_batch)
         for batch in batches:
+            self._update_batch_size_stats(batch)
             series = ArrowBatchTransformer.to_pandas(
                 batch,
                 timezone=self._timezone,
@@ -90,9 +153,12 @@ def load_stream(self: TransformWithStateInPandasSerializer, stream) -> Iterator[
             )
             frame = pd.concat(series, axis=1)
             if plain(batch.schema) and not self._prefer_int_ext_dtype:
-                yield from runs(_as_rows_would_be(frame), self.key_offsets)
+                keyed = runs(_as_rows_would_be(frame), self.key_offsets)
             else:
-                yield from row_runs(frame, self.key_offsets)
+                keyed = row_runs(frame, self.key_offsets)
+            for key, rows in keyed:
+                yield from cutter.add(key, rows, self.average_arrow_row_size)
+        yield from cutter.flush()
 
     for key, group in itertools.groupby(grouped(), key=lambda kv: kv[0]):
         yield (Mode.PROCESS_DATA, key, group)
@@ -100,11 +166,24 @@ def load_stream(self: TransformWithStateInPandasSerializer, stream) -> Iterator[
     yield (Mode.COMPLETE, None, None)
 
 
+def applies() -> bool:
+    """Whether this process's PySpark is the open-source release `load_stream` reproduces (and not opted out)."""
+    return pyspark.__version__ == RELEASE and not on_databricks() and not os.environ.get(UPSTREAM_ENV)
+
+
 def install() -> bool:
-    """Use `load_stream` in this process when PySpark is the open-source release it reproduces; True if in use."""
-    if pyspark.__version__.startswith(PYSPARK_RELEASE) and not on_databricks():
+    """Use `load_stream` in this process where it `applies`; True if in use."""
+    if applies():
         TransformWithStateInPandasSerializer.load_stream = load_stream
     return TransformWithStateInPandasSerializer.load_stream is load_stream
+
+
+def notice() -> str | None:
+    """What to say once when a job starts with upstream's regrouping (None: this module's is in use)."""
+    if applies():
+        return None
+    why = UPSTREAM_ENV if os.environ.get(UPSTREAM_ENV) else f"PySpark {pyspark.__version__}, not {RELEASE}"
+    return f"stateful input regrouped by PySpark's own transformWithStateInPandas serializer ({why})"
 
 
 class VectorizedInput:

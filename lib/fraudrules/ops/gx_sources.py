@@ -319,10 +319,19 @@ class StateSource(_JobSource):
     assets: list[StreamStateAsset] = pydantic.Field(default_factory=list)
 
 
-def describe(spec: dict[str, Any]) -> str:
-    """What a batch spec says was read: `table @ version N` or `checkpoint @ batch N`."""
+def pinned(spec: dict[str, Any]) -> str:
+    """The version a batch spec read: `Delta version N` of a table, `batch N` of a state."""
     if "delta_version" in spec:
-        return f"{spec['table']} @ Delta version {spec['delta_version']}"
+        return f"Delta version {spec['delta_version']}"
     if "state_batch_id" in spec:
-        return f"{spec['checkpoint']} @ batch {spec['state_batch_id']} (watermark {spec['watermark_ms']} ms)"
+        return f"batch {spec['state_batch_id']}"
+    return "-"
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """What a batch spec says was read: `table @ Delta version N` or `checkpoint @ batch N (watermark W ms)`."""
+    if "delta_version" in spec:
+        return f"{spec['table']} @ {pinned(spec)}"
+    if "state_batch_id" in spec:
+        return f"{spec['checkpoint']} @ {pinned(spec)} (watermark {spec['watermark_ms']} ms)"
     return str(spec.get("data_asset_name"))

@@ -1,10 +1,11 @@
 """Health of the continuous job, judged from what it leaves behind, without a JVM.
 
 - heartbeat: the `batches` Delta table (one row per committed evaluate micro-batch), read from its log;
-- runner: what runs the job — locally the process of the pid file the supervisor (`tools/supervisor.py`)
-  writes, on Databricks the job's active run (observed by the DAG, handed in as facts);
+- runner: what runs the job — locally the process of the pid file that `fraudrules run` writes when it starts,
+  whoever started it (`make run`, a shell, the supervisor `tools/supervisor.py`), on Databricks the job's active
+  run (observed by the DAG, handed in as facts);
 - latency: the p99 alert latency of recent batches, over a threshold or rising;
-- lag: landing files newer than the newest file the evaluate query has taken (its file-source log).
+- lag: landing files the evaluate query has not read to the end (its source's ledger and committed offsets).
 
 `judge` turns these into flags and one recommended action, the same rules for both DAG targets: "start" (not
 running), "restart" (running but no batch committed for `stale_after_s` while input waits - its own generator,
@@ -81,7 +82,7 @@ def heartbeat(data_dir: str, recent: int = 20, now: float | None = None) -> dict
         batches=len(df),
         last_batch_id=int(last["batchId"]),
         last_commit_ms=commit_ms,
-        age_s=round(now - commit_ms / 1000, 3),
+        age_s=round(max(0.0, now - commit_ms / 1000), 3),  # committed while this looked: 0 s old
         watermark_ms=int(wm.iloc[-1]) if len(wm) else None,
         p99_ms=[float(v) for v in df["latencyP99Ms"].dropna().tail(recent)],
     )
@@ -89,32 +90,19 @@ def heartbeat(data_dir: str, recent: int = 20, now: float | None = None) -> dict
 
 
 def lag(data_dir: str, now: float | None = None) -> dict:
-    """Landing files the evaluate query has not taken yet (by modification time), and the oldest one's age."""
+    """Landing files the evaluate query has not read to the end yet, and the oldest one's age (by modification
+    time)."""
+    from fraudrules.engine.lines import unread
+
     now = time.time() if now is None else now
     cfg = JobConfig(data_dir=data_dir)
-    landing, sources = Path(cfg.landing), Path(cfg.checkpoint(EVALUATE_QUERY)) / "sources" / "0"
-    out = {"pending_files": 0, "oldest_pending_age_s": None, "newest_taken_ms": None}
-    if not landing.is_dir():
+    out: dict = {"pending_files": 0, "oldest_pending_age_s": None}
+    if not Path(cfg.landing).is_dir():
         return out
-    newest_taken = -1
-    logs = sorted(
-        (p for p in sources.glob("*") if p.name.split(".")[0].isdigit()), key=lambda p: int(p.name.split(".")[0])
-    )
-    if logs:  # the file-source log of the newest batch (a .compact file holds every batch up to it)
-        for line in logs[-1].read_text().splitlines()[1:]:
-            if line.strip():
-                newest_taken = max(newest_taken, int(json.loads(line).get("timestamp", -1)))
-    pending = []
-    with os.scandir(landing) as entries:
-        for entry in entries:
-            if entry.is_file() and not entry.name.startswith("."):
-                mtime_ms = int(entry.stat().st_mtime * 1000)
-                if mtime_ms > newest_taken:
-                    pending.append(mtime_ms)
+    pending = unread(cfg.landing, cfg.checkpoint(EVALUATE_QUERY))
     out["pending_files"] = len(pending)
-    out["newest_taken_ms"] = newest_taken if newest_taken >= 0 else None
     if pending:
-        out["oldest_pending_age_s"] = round(now - min(pending) / 1000, 3)
+        out["oldest_pending_age_s"] = round(now - min(e.mtime_ms for e in pending) / 1000, 3)
     return out
 
 
@@ -125,8 +113,32 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def write_json(path: Path, value: dict) -> None:
+    """Replace `path` at once: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def register(data_dir: str, argv: list[str], pid: int | None = None, now: float | None = None) -> dict:
+    """Record the job process (this one by default) in the data dir's pid file, which `process` reads. The
+    supervisor writes the same record for the process it starts, with its log file, which is kept."""
+    pid = os.getpid() if pid is None else pid
+    path = run_dir(data_dir) / PID_FILE
+    previous = read_json(path) or {}
+    info = {
+        "pid": pid,
+        "started_at": time.time() if now is None else now,
+        "argv": argv,
+        "log": previous.get("log") if previous.get("pid") == pid else None,
+    }
+    write_json(path, info)
+    return info
+
+
 def alive(pid: int) -> bool:
-    """The process exists, is not a zombie, and is a fraudrules run (guards against pid reuse)."""
+    """The process exists, is not a zombie, and is a `fraudrules run` (guards against pid reuse)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -138,7 +150,8 @@ def alive(pid: int) -> bool:
         try:
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return False
-            return b"fraudrules" in (proc / "cmdline").read_bytes()
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            return any(b"fraudrules" in a for a in args) and b"run" in args
         except OSError:
             return False
     return True

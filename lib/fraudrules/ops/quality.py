@@ -9,6 +9,7 @@ batch), and runs the checkpoint.
 
 A run that cannot find what it is asked to check (a table, a query's state) fails with that reason before
 validating anything: it never passes on nothing. `fraudrules quality` exits 1 naming every failed expectation.
+Every run's report is kept in `<dq_dir>/reports`; `<dq_dir>/docs/summary.html` shows the newest ones offline.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from importlib import resources
 from pathlib import Path
 
 from fraudrules.config import JobConfig
-from fraudrules.ops.report import QualityReport, missing, outcomes
+from fraudrules.ops.report import QualityReport, missing, outcomes, summary_page
 
 CHECKPOINT = "fraudrules"
 SITE = "fraudrules"
+SUMMARY_PAGE = "summary.html"  # beside GX's index.html in <dq_dir>/docs
+SUMMARY_RUNS = 200  # the newest runs on it: an hourly check keeps thousands of reports a year
 CLOCK_SKEW_MS = 5 * 60_000  # timestamps may be this far ahead of the checking machine's clock
 JOB_FIELDS = (
     "data_dir",
@@ -117,6 +120,7 @@ def run(
         report.outcomes += outcomes(table, validation)
         spec = validation.meta.get("batch_spec") or {}
         report.read[table] = gx_sources.describe(spec)
+        report.version[table] = gx_sources.pinned(spec)
         report.rows[table] = _rows(validation)
     index = Path(dq_dir) / "docs" / "index.html"
     report.docs_index = str(index) if index.exists() else None
@@ -128,12 +132,33 @@ def run(
 
 
 def _saved(report: QualityReport, dq_dir: str) -> QualityReport:
-    """The report, also written whole as <dq_dir>/reports/<run>.json."""
+    """The report, also written whole as <dq_dir>/reports/<run>.json, and the offline page of every run."""
     path = Path(dq_dir) / "reports" / f"{report.run_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     report.path = str(path)
+    report.summary_page = str(Path(dq_dir) / "docs" / SUMMARY_PAGE)
     path.write_text(json.dumps(report.to_json(), indent=2, default=str))
+    publish_summary(dq_dir)
     return report
+
+
+def publish_summary(dq_dir: str) -> Path:
+    """`<dq_dir>/docs/summary.html`: the newest `SUMMARY_RUNS` reports, newest first, linked to their GX
+    validation pages."""
+    docs = Path(dq_dir) / "docs"
+    found = sorted((Path(dq_dir) / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    saved = found[:SUMMARY_RUNS]
+    reports = [QualityReport.from_json(json.loads(p.read_text())) for p in saved]
+    pages = {
+        (r.run_id, table): str(page.relative_to(docs))
+        for r in reports
+        for table in r.per_table()
+        for page in sorted((docs / "validations" / table / r.run_id).glob("*/*.html"))[:1]
+    }
+    docs.mkdir(parents=True, exist_ok=True)
+    out = docs / SUMMARY_PAGE
+    out.write_text(summary_page(reports, pages), encoding="utf-8")
+    return out
 
 
 def _rows(validation) -> int:

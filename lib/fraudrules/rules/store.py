@@ -30,7 +30,7 @@ from fraudrules.rules.model import EVALUATED, Rule, RuleError, resolve, validate
 
 
 def _history_rows(spark: SparkSession, cfg: JobConfig) -> list[dict]:
-    return tables.arrow(spark, cfg, "rule_history").to_pylist()
+    return tables.writer(spark, cfg).arrow("rule_history").to_pylist()
 
 
 def _latest(rows: list[dict]) -> dict[int, dict]:
@@ -133,8 +133,9 @@ def apply(
     epoch = max((r["epoch"] or 0 for r in past), default=0)
     p = plan(_latest(past), epoch, resolved, datetime.now(timezone.utc), author, change_id, label, schema)
     if p.log:
-        tables.write(spark, cfg, "rule_history", p.log)
-        tables.write(spark, cfg, "rules", [{**r, "epoch": p.epoch} for r in p.rows.values()], mode="overwrite")
+        writer = tables.writer(spark, cfg)
+        writer.append("rule_history", p.log)
+        writer.overwrite("rules", [{**r, "epoch": p.epoch} for r in p.rows.values()])
     for snapshot in p.exports:
         export_rows(spark, cfg, snapshot)
     return [r for r in p.log if r["ruleState"] != "CONTROL"]
@@ -258,7 +259,7 @@ def export_rows(spark: SparkSession, cfg: JobConfig, in_force: dict[int, dict]) 
         for r in rows
     ]
     if snapshot:
-        tables.write(spark, cfg, "rules_export", snapshot)
+        tables.writer(spark, cfg).append("rules_export", snapshot)
     folder = os.path.join(cfg.data_dir, "exports")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rules-{export_id}.json")
