@@ -295,6 +295,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     check(
         input_problem(args.transactions_input, "--transactions") if args.transactions_input else None,
         input_problem(args.logins_input, "--logins") if args.logins_input else None,
+        schema_problem(args.event_schema),
         output_problem(args.out, "--out"),
     )
     from fraudrules import event_schema
