@@ -413,6 +413,7 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
     from fraudrules.engine.messages import rule_text
     from fraudrules.rules import store
     from fraudrules.rules.codec import from_row
+    from fraudrules.rules.model import RuleError
 
     schema = event_schema.for_job(cfg)
 
