@@ -5,12 +5,11 @@ editable install (`make setup`), from its repository's `.jars/spark`, which `mak
 same from any current folder. An installed wheel has no jars of its own: it needs `FRAUDRULES_JARS`.
 
 A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner
-(a process's first Delta read takes ~8 s here, later ones well under 1 s). Two remedies, both for local sessions:
-the class-data archive `make setup` writes beside the jars (classes mapped from it instead of loaded and
-verified), and, for sessions that end within a minute or two (every command but `run`, the notebooks, the
-DQ task), the C1-only JIT, which compiles at once rather than after profiling: `fraudrules rules list` takes
-10 s instead of 19. Long-lived sessions (the continuous job, the bench, the test suite's shared session) keep
-the default tiered JIT for its steady-state speed.
+(a process's first Delta read is much slower than the next ones). Two remedies, both for local sessions: the
+class-data archive `make setup` writes beside the jars (classes mapped from it instead of loaded and verified),
+and, for the sessions of one-off commands (`short_lived`: backtest, export, rules, quality), the C1-only JIT,
+which compiles at once rather than after profiling. Long-lived sessions (the continuous job, the notebooks, the
+bench, the test suite's shared session) keep the default tiered JIT for its steady-state speed.
 """
 
 from __future__ import annotations
@@ -76,8 +75,7 @@ def background_thread(spark: SparkSession) -> None:
 
 def driver_memory() -> str:
     """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 3g. The heap grows to its maximum under the job's
-    allocation rate and stays there: with 4g, `make bench` peaked at 3.9 GiB for the whole process tree; with 3g, at
-    3.1 GiB, as fast (README, Performance)."""
+    allocation rate and stays there, so the default is what `make bench` needs, not more (docs/performance.md)."""
     return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
 
 
