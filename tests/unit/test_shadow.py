@@ -24,8 +24,9 @@ from fraudrules.analyst.shadow import (
 )
 from fraudrules.engine import logins
 from fraudrules.engine.evaluation import Batch
+from fraudrules.engine.outbox import OUTBOX
+from fraudrules.engine.results import shadow_rows
 from fraudrules.engine.ruleset import RuleSet
-from fraudrules.engine.sinks import OUTBOX, shadow_rows
 from fraudrules.rules import store
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
