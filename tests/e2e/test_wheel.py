@@ -81,6 +81,15 @@ def test_the_wheel_holds_the_engine_and_the_suites_and_no_tooling(wheel):
     assert not [n for n in names if any(t in n for t in tooling)]
 
 
+def test_plotting_is_the_analyst_extra_not_a_dependency_of_the_wheel(wheel):
+    """The streaming job's wheel installs without plotting; `fraudrules[analyst]` (the notebooks) brings it."""
+    info = f"{wheel.name.split('-py3')[0]}.dist-info/METADATA"
+    metadata = zipfile.ZipFile(wheel).read(info).decode().splitlines()
+    requires = [line.removeprefix("Requires-Dist: ") for line in metadata if line.startswith("Requires-Dist: ")]
+    plotting = [r for r in requires if r.startswith("matplotlib")]
+    assert plotting and all('extra == "analyst"' in r for r in plotting), requires
+
+
 def test_installed_cli_and_quality_run_outside_the_repository(venv, backtest_data, tmp_path):
     where = _run(
         [venv / "bin" / "python", "-c", "import fraudrules.ops.quality as q; print(q.__file__, q.project_dir())"],
