@@ -7,8 +7,8 @@ same from any current folder. An installed wheel has no jars of its own: it need
 A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner
 (a process's first Delta read is much slower than the next ones). Two remedies, both for local sessions: the
 class-data archive `make setup` writes beside the jars (classes mapped from it instead of loaded and verified),
-and, for the sessions of one-off commands (`short_lived`: backtest, export, rules, quality), the C1-only JIT,
-which compiles at once rather than after profiling. Long-lived sessions (the continuous job, the notebooks, the
+and, for sessions that end within a minute or two (`short_lived`: every Spark command but `run`, the notebooks), the
+C1-only JIT, which compiles at once rather than after profiling. Long-lived sessions (the continuous job, the
 bench, the test suite's shared session) keep the default tiered JIT for its steady-state speed.
 """
 
