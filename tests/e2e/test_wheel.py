@@ -77,7 +77,7 @@ def test_the_wheel_holds_the_engine_and_the_suites_and_no_tooling(wheel):
     packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
     in_repo = {str(p.parent.relative_to(REPO / "lib")) for p in (REPO / "lib" / "fraudrules").rglob("__init__.py")}
     assert packages == {*in_repo, "fraudrules/expectations"}  # every package of lib/ (pyproject lists them)
-    tooling = ("crash_demo", "kafka_local", "bench", "notebooks_runner", "supervisor", "demo_rules", "tests/")
+    tooling = ("crash_demo", "kafka_local", "bench", "notebooks_runner", "demo_rules", "tests/")
     assert not [n for n in names if any(t in n for t in tooling)]
 
 

@@ -69,3 +69,9 @@ def test_the_analyst_extra_holds_what_only_the_notebooks_helpers_import():
     assert third_party(ANALYST) - third_party(CORE) <= requirement_names(extra)
     pinned = (ROOT / "requirements.txt").read_text().splitlines()
     assert requirement_names(extra) <= requirement_names([r for r in pinned if r and not r.startswith("#")])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "dags").glob("*.py")), ids=lambda p: p.name)
+def test_the_dags_run_no_code_from_tools(path):
+    """A DAG's tasks run the job environment's package (`python -m fraudrules...`), not the repository's tools."""
+    assert not re.findall(r"\btools[./]\w+", path.read_text())
