@@ -75,3 +75,11 @@ def test_the_analyst_extra_holds_what_only_the_notebooks_helpers_import():
 def test_the_dags_run_no_code_from_tools(path):
     """A DAG's tasks run the job environment's package (`python -m fraudrules...`), not the repository's tools."""
     assert not re.findall(r"\btools[./]\w+", path.read_text())
+
+
+def test_loading_the_job_loads_no_local_runtime():
+    """A cluster's session never loads what only a local JVM needs (`local_runtime`): the session loads it when it
+    starts one."""
+    modules = "fraudrules.session, fraudrules.engine.job, fraudrules.engine.run"
+    code = f"import sys, {modules}; print('fraudrules.local_runtime' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
