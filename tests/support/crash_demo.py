@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fraudrules import event_schema
 from fraudrules.config import EVALUATE_QUERY, QUERIES, JobConfig
-from fraudrules.engine.tws_input import UPSTREAM_ENV
+from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
 from fraudrules.event_schema import EventSchema
 from fraudrules.generator import LoginWorkload, RichWorkload, Workload, is_rich, sample_rules_path
 from fraudrules.rules.model import LOGIN_RULE

@@ -28,7 +28,7 @@ from fraudrules.config import (
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, inputs, kafka, tws_input
+from fraudrules.engine import ingest, inputs, kafka, pyspark_compat
 from fraudrules.engine.bronze import IngestSink
 from fraudrules.engine.committer import BACKGROUND_POOL, Committer
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
@@ -216,7 +216,7 @@ def start(
     tables.ensure(spark, cfg)
     adopt_schema(spark, cfg)
     names = names or query_names(cfg)
-    if printer and (note := tws_input.notice()):
+    if printer and (note := pyspark_compat.notice()):
         printer(note)
     queries, committers = {}, []
     for name in names:
