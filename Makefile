@@ -17,6 +17,7 @@ AIRFLOW_VENV := .venv-airflow
 setup: $(VENV)/.installed $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
 
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time).
+# Its extras' dependencies (local, quality, analyst, demo) are pinned in the requirements files.
 $(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -37,8 +38,8 @@ $(JARS)/spark/.resolved: jvm/spark/pom.xml
 	touch $@
 
 # Hadoop's local file system without a forked `chmod` for every file it creates (jvm/localfs; see
-# lib/fraudrules/session.py), compiled against the Hadoop API jar of the pyspark wheel. Optional: without it local
-# sessions only write their checkpoint, state and Parquet files slower.
+# lib/fraudrules/local_runtime.py), compiled against the Hadoop API jar of the pyspark wheel. Optional: without
+# it local sessions only write their checkpoint, state and Parquet files slower.
 LOCALFS_SOURCES := $(wildcard jvm/localfs/src/io/fraudrules/hadoop/*.java)
 HADOOP_API = $(BIN)/python -c 'import glob, os, pyspark; print(*glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar")), sep=":")'
 $(JARS)/spark/driver/.built: $(LOCALFS_SOURCES) $(VENV)/.installed
@@ -48,9 +49,9 @@ $(JARS)/spark/driver/.built: $(LOCALFS_SOURCES) $(VENV)/.installed
 	  || echo "no fraudrules-localfs.jar (javac or jar failed): local sessions fork chmod for every file they create"
 	touch $@
 
-# The local JVM's class-data archive (lib/fraudrules/session.py, tools/class_archive.py): a backtest of the test
-# fixtures records the classes it loads, later JVMs map them from the archive. Optional: without it local JVMs
-# only start slower. Rewritten when the jars or the venv change.
+# The local JVM's class-data archive (lib/fraudrules/local_runtime.py, tools/class_archive.py): a backtest of the
+# test fixtures records the classes it loads, later JVMs map them from the archive. Optional: without it local
+# JVMs only start slower. Rewritten when the jars or the venv change.
 $(JARS)/spark/.archived: $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(VENV)/.installed
 	$(BIN)/python -m tools.class_archive > $(JARS)/archive.log 2>&1 \
 	  || echo "no class-data archive (see $(JARS)/archive.log): local JVMs start slower"

@@ -1,7 +1,8 @@
 """The job environment's commands, run by the fraud-rules DAGs' tasks (no DAG here).
 
 Airflow lives in its own venv; Spark, Great Expectations and fraudrules live in the job environment, whose python
-(`job_python`) runs `python -m <module> ...` from the repository (the local supervisor lives in tools/). Its log
+(`job_python`) runs `python -m <module> ...` of the installed package (`fraudrules.cli`, the local supervisor
+`fraudrules.ops.supervisor`) from the repository folder. Its log
 lines (stderr) go to the task log as they come and its output (stdout) once it ends, so that nothing but the
 command's own lines is there (no serialisation of the task's context into the other environment).
 """

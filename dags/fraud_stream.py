@@ -4,7 +4,7 @@
 rules and thresholds, `fraudrules.ops.health`):
 
 - **local**: `fraudrules status` reads the job's heartbeat (the `batches` Delta table, without a JVM), its pid
-  file and its landing backlog; the repository's local supervisor (`python -m tools.supervisor`) starts
+  file and its landing backlog; the job environment's local supervisor (`python -m fraudrules.ops.supervisor`) starts
   `fraudrules run` detached when it is not running, or restarts it when it runs but has committed no batch for
   `stale_after_s` while input waits (a hung job);
 - **databricks**: the provider's public hook API looks up the bundle's job by name (`list_jobs`): a continuous job
@@ -70,7 +70,7 @@ def _status(params: dict, *args: str, stdin: str | None = None) -> dict:
 def _supervise(params: dict, command: str, *args: str) -> dict:
     """The local supervisor of the job environment: start / restart the job detached."""
     data_dir = os.path.abspath(params["data_dir"])
-    return _job_command(params, "tools.supervisor", command, "--data-dir", data_dir, *args, timeout=180)
+    return _job_command(params, "fraudrules.ops.supervisor", command, "--data-dir", data_dir, *args, timeout=180)
 
 
 def _thresholds(params: dict) -> list[str]:

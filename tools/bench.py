@@ -33,7 +33,7 @@ import numpy as np
 from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
-from fraudrules.engine.tws_input import UPSTREAM_ENV
+from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
 from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule

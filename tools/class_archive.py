@@ -1,4 +1,4 @@
-"""`make setup`: the local JVM's class-data archive (see fraudrules.session), from a backtest of the test
+"""`make setup`: the local JVM's class-data archive (see fraudrules.local_runtime), from a backtest of the test
 fixtures. The JVM writes the archive when it exits, after this process has closed its end of the gateway."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 from pyspark import SparkContext
 
 from fraudrules import cli
-from fraudrules.session import TRAIN_ENV
+from fraudrules.local_runtime import TRAIN_ENV
 
 
 def main(transactions: str, rules: str) -> int:

@@ -379,7 +379,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     elif args.action in ("pause", "activate", "delete", "history", "promote", "compare"):
         target = rule_id(args)
     if args.action == "compare":
-        from fraudrules.analyst.shadow import parse_time
+        from fraudrules.rules.shadow import parse_time
 
         try:
             period = {k: parse_time(v) for k, v in (("since", args.since), ("until", args.until)) if v}
@@ -457,7 +457,7 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
 
 
 def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> list[str]:
-    from fraudrules.analyst import shadow
+    from fraudrules.rules import shadow
 
     return shadow.compare(spark, cfg, shadow_id, **period).lines(top)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from fraudrules.session import DRIVER_MEMORY_ENV, driver_memory
+from fraudrules.local_runtime import DRIVER_MEMORY_ENV, driver_memory
 
 JVM_OUT_OF_MEMORY = 52  # SparkExitCode.OOM
 BATCH_HINT = "smaller micro-batches with --max-records-per-trigger"

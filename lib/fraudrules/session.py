@@ -4,13 +4,8 @@ Locally the Delta and Kafka-connector jars come from the folder named by `FRAUDR
 editable install (`make setup`), from its repository's `.jars/spark`, which `make setup` fills with Maven: the
 same from any current folder. An installed wheel has no jars of its own: it needs `FRAUDRULES_JARS`.
 
-A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner
-(a process's first Delta read takes ~8 s here, later ones well under 1 s). Two remedies, both for local sessions:
-the class-data archive `make setup` writes beside the jars (classes mapped from it instead of loaded and
-verified), and, for sessions that end within a minute or two (every command but `run`, the notebooks, the
-DQ task), the C1-only JIT, which compiles at once rather than after profiling: `fraudrules rules list` takes
-10 s instead of 19. Long-lived sessions (the continuous job, the bench, the test suite's shared session) keep
-the default tiered JIT for its steady-state speed.
+What only a local session needs (the driver JVM's options, Hadoop's local file system without a forked `chmod`,
+the class-data archive, thread niceness) is `local_runtime`, loaded only for a local session.
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ import contextlib
 import glob
 import json
 import os
-import re
 import sys
 from importlib import metadata, resources
 from pathlib import Path
@@ -37,29 +31,6 @@ FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSys
 POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
 JARS_ENV = "FRAUDRULES_JARS"
 REQUIRED_JARS = ("delta-spark_", "delta-storage-")  # a local session cannot read or write a table without them
-DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
-# Hadoop's local file system without a forked `chmod` per created file (jvm/localfs), built by `make setup` into
-# the jars folder's driver/ (not a Spark jar: the driver's class path, where Hadoop looks file systems up)
-LOCAL_FS = "io.fraudrules.hadoop.NoForkLocalFileSystem"
-LOCAL_FS_JAR = os.path.join("driver", "fraudrules-localfs.jar")
-CLASS_ARCHIVE = "fraudrules.jsa"  # the JVM's class-data archive, in the jars folder (`make setup` writes it)
-TRAIN_ENV = "FRAUDRULES_CLASS_ARCHIVE_TRAINING"  # set: this JVM writes the archive of the classes it loaded
-# The JVM's own warnings go to stderr (unified logging writes them to stdout, where command output goes);
-# the class-data archive's notices are off (a JVM that cannot map the archive just loads its classes).
-JVM_LOGGING = ("-Xlog:disable", "-Xlog:all=warning:stderr", "-Xlog:cds*=off:stderr")
-# C1 alone gets a 48 MiB code cache (the client default); a backtest filled it in 30 s and the JVM stopped
-# compiling. 240 MiB is the tiered JIT's default; it is reserved address space, committed as used.
-C1_ONLY = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
-
-# Java thread priorities as OS nice values: MIN_PRIORITY threads (`background_thread`) run at nice 19, every
-# other priority at nice 0 as before. On 2 cores the driver side of the bronze ingest and of the Delta commits
-# of results then takes only the CPU the evaluation leaves idle. (HotSpot's own mapping would also raise the
-# GC and JIT threads to nice -5.)
-BACKGROUND_NICE = (
-    "-XX:ThreadPriorityPolicy=1",
-    "-XX:JavaPriority1_To_OSPriority=19",
-    *(f"-XX:JavaPriority{p}_To_OSPriority=0" for p in range(2, 11)),
-)
 
 
 def on_databricks() -> bool:
@@ -67,18 +38,13 @@ def on_databricks() -> bool:
 
 
 def background_thread(spark: SparkSession) -> None:
-    """Run the calling thread's JVM side (a query's stream thread in its foreachBatch, the JVM thread that
-    serves a Python thread) at nice 19 in a local session (`BACKGROUND_NICE`). A cluster's driver is left as
-    it is: its JVM maps no priorities, and a Spark Connect session has no JVM to reach."""
+    """Background work of the calling thread: at the lowest priority in a local session
+    (`local_runtime.lower_priority`). A cluster's driver is left as it is: its JVM maps no priorities, and a Spark
+    Connect session has no JVM to reach."""
     if not on_databricks():
-        spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
+        from fraudrules import local_runtime
 
-
-def driver_memory() -> str:
-    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 3g. The heap grows to its maximum under the job's
-    allocation rate and stays there: with 4g, `make bench` peaked at 3.9 GiB for the whole process tree; with 3g, at
-    3.1 GiB, as fast (README, Performance)."""
-    return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
+        local_runtime.lower_priority(spark)
 
 
 def source_tree() -> Path | None:
@@ -117,7 +83,7 @@ def jars_problem() -> str | None:
 
 
 def jars_file(name: str) -> str | None:
-    """A file of the jars folder (the no-fork file system's jar, the class-data archive); None without a folder."""
+    """A file of the jars folder (`local_runtime`'s no-fork file system jar, class-data archive); None without one."""
     folder = jars_folder()
     return os.path.join(folder, name) if folder else None
 
@@ -130,18 +96,6 @@ def local_jars() -> list[str]:
     return sorted(glob.glob(os.path.join(str(jars_folder()), "*.jar")))
 
 
-def local_fs_options(master: str) -> dict[str, str]:
-    """`file:` paths through LOCAL_FS in a local session (one JVM, not `local-cluster`), when `make setup` built
-    it. Without Hadoop's native library (the pyspark wheel has none) the stock local file system forks a `chmod`
-    of the whole driver JVM for every file it creates: checkpoint logs, state store and Parquet files, several
-    per micro-batch (walCommit and commitOffsets took 9-11 ms each, 2 ms without). Delta's own log writes go
-    through Hadoop's FileContext, which this does not change."""
-    jar = jars_file(LOCAL_FS_JAR)
-    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or jar is None or not os.path.exists(jar):
-        return {}
-    return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
-
-
 def local_catalog_options(folder: str) -> dict[str, str]:
     """A local session's catalog in `folder`, for catalog tables (`catalog`/`schema` set) outside Databricks: a
     Hive metastore (embedded Derby) and a warehouse, kept across JVMs as Unity Catalog keeps a cluster's tables."""
@@ -152,23 +106,6 @@ def local_catalog_options(folder: str) -> dict[str, str]:
     }
 
 
-def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
-    """The local driver JVM's options: logging, the class-data archive (when there is one; an archive that
-    does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived commands,
-    Derby's home (its log) in the local catalog's folder."""
-    archive = jars_file(CLASS_ARCHIVE)
-    options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
-    if catalog:
-        options.append(f"-Dderby.system.home={catalog}")
-    if os.environ.get(TRAIN_ENV) and archive:
-        options.append(f"-XX:ArchiveClassesAtExit={archive}")
-    elif archive and os.path.exists(archive):
-        options.append(f"-XX:SharedArchiveFile={archive}")
-    if short_lived:
-        options.extend(C1_ONLY)
-    return " ".join(options)
-
-
 def get_spark(
     app: str = "fraudrules",
     shuffle_partitions: int = JobConfig.shuffle_partitions,
@@ -176,7 +113,7 @@ def get_spark(
     cfg: JobConfig | None = None,
 ) -> SparkSession:
     """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
-    that ends within minutes (local JVM tuned to start fast, see above), not the continuous job. `cfg`: the job's
+    that ends within minutes (local JVM tuned to start fast, `local_runtime`), not the continuous job. `cfg`: the job's
     configuration (its shuffle partitions; a local catalog for its catalog tables)."""
     catalog = cfg.local_catalog if cfg else None
     shuffle_partitions = cfg.shuffle_partitions if cfg else shuffle_partitions
@@ -186,6 +123,8 @@ def get_spark(
     if on_databricks():
         spark = SparkSession.builder.getOrCreate()
     else:
+        from fraudrules import local_runtime
+
         master = os.environ.get("FRAUDRULES_MASTER", "local[2]")
         builder = (
             SparkSession.builder.master(master)
@@ -193,7 +132,7 @@ def get_spark(
             .config("spark.jars", ",".join(local_jars()))
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            .config("spark.driver.memory", driver_memory())
+            .config("spark.driver.memory", local_runtime.driver_memory())
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -209,13 +148,14 @@ def get_spark(
             .config("spark.scheduler.allocation.file", str(resources.files("fraudrules").joinpath(POOLS)))
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
-            .config("spark.driver.extraJavaOptions", jvm_options(short_lived, catalog))  # quiet from its first line
+            # quiet from its first line
+            .config("spark.driver.extraJavaOptions", local_runtime.jvm_options(short_lived, catalog))
         )
         for key, value in local_catalog_options(catalog).items() if catalog else ():
             builder = builder.config(key, value)
         new_jvm = SparkContext._gateway is None
         if new_jvm:  # a class path is the JVM's from its launch: only for a new one
-            for key, value in local_fs_options(master).items():
+            for key, value in local_runtime.local_fs_options(master).items():
                 builder = builder.config(key, value)
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()

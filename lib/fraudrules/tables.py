@@ -244,6 +244,11 @@ class Txn:
     app: str
     version: int
 
+    @classmethod
+    def of(cls, cfg: JobConfig, query: str, version: int) -> Txn:
+        """The query's transaction: app = its name and id (kept in its checkpoint, new for a new checkpoint)."""
+        return cls(f"{query}:{cfg.query_id(query)}", version)
+
     def note(self) -> str:
         """The commit's userMetadata: which query and micro-batch appended it (for people and analyst views)."""
         return json.dumps({"app": self.app, "batch": self.version})

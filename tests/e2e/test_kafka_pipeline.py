@@ -24,7 +24,15 @@ from fraudrules.generator import Workload
 from fraudrules.rules import store
 from fraudrules.rules.model import parse_rule
 from tests.support import reference
-from tools.kafka_local import DEFAULT_JARS, DEFAULT_POM, LocalKafka, consume_all, create_topics, produce, resolve_jars
+from tests.support.kafka_broker import (
+    DEFAULT_JARS,
+    DEFAULT_POM,
+    LocalKafka,
+    consume_all,
+    create_topics,
+    produce,
+    resolve_jars,
+)
 
 pytestmark = [
     pytest.mark.e2e,

@@ -18,9 +18,8 @@ import pytest
 
 from fraudrules.config import JobConfig
 from fraudrules.generator import Workload, write_jsonl
-from fraudrules.ops import health
+from fraudrules.ops import health, supervisor
 from tests.support.airflow_support import dag_test, needs_airflow
-from tools import supervisor
 
 pytestmark = [
     pytest.mark.e2e,
@@ -117,7 +116,7 @@ def test_stream_dag_restarts_a_killed_job(job_dir):
         "reason": probed["reason"],
     }
     assert time.time() - started < 180, "the DAG waited for the continuous job"
-    assert "running: " in log and "tools.supervisor start" in log  # the job environment's command, streamed
+    assert "running: " in log and "fraudrules.ops.supervisor start" in log  # the job environment's command, streamed
     restarts = [json.loads(line) for line in (health.run_dir(str(job_dir)) / health.RESTARTS_FILE).open()]
     assert [r["reason"] for r in restarts] == ["start", probed["reason"]]
 

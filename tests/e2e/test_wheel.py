@@ -77,8 +77,17 @@ def test_the_wheel_holds_the_engine_and_the_suites_and_no_tooling(wheel):
     packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
     in_repo = {str(p.parent.relative_to(REPO / "lib")) for p in (REPO / "lib" / "fraudrules").rglob("__init__.py")}
     assert packages == {*in_repo, "fraudrules/expectations"}  # every package of lib/ (pyproject lists them)
-    tooling = ("crash_demo", "kafka_local", "bench", "notebooks_runner", "supervisor", "demo_rules", "tests/")
+    tooling = ("crash_demo", "kafka_local", "bench", "notebooks_runner", "demo_rules", "tests/")
     assert not [n for n in names if any(t in n for t in tooling)]
+
+
+def test_plotting_is_the_analyst_extra_not_a_dependency_of_the_wheel(wheel):
+    """The streaming job's wheel installs without plotting; `fraudrules[analyst]` (the notebooks) brings it."""
+    info = f"{wheel.name.split('-py3')[0]}.dist-info/METADATA"
+    metadata = zipfile.ZipFile(wheel).read(info).decode().splitlines()
+    requires = [line.removeprefix("Requires-Dist: ") for line in metadata if line.startswith("Requires-Dist: ")]
+    plotting = [r for r in requires if r.startswith("matplotlib")]
+    assert plotting and all('extra == "analyst"' in r for r in plotting), requires
 
 
 def test_installed_cli_and_quality_run_outside_the_repository(venv, backtest_data, tmp_path):

@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from fraudrules.session import LOCAL_FS, LOCAL_FS_JAR, jars_folder
+from fraudrules.local_runtime import LOCAL_FS, LOCAL_FS_JAR
+from fraudrules.session import jars_folder
 
 pytestmark = [
     pytest.mark.spark,

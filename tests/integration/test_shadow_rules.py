@@ -9,8 +9,7 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import functions as F
 
-from fraudrules.analyst import shadow
-from fraudrules.rules import store
+from fraudrules.rules import shadow, store
 from fraudrules.rules.model import parse_rule
 from tests.support import reference
 from tests.support.streams import FileStream

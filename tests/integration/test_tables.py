@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 
 from fraudrules import tables
 from fraudrules.config import JOB_TABLES, JobConfig
-from fraudrules.engine.sinks import OUTBOX, TIMES, with_times
+from fraudrules.engine.outbox import OUTBOX, TIMES, with_times
 from tests.conftest import CATALOG_SCHEMA
 
 pytestmark = pytest.mark.spark

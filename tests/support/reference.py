@@ -1,5 +1,5 @@
-"""Brute-force reference evaluator: the spec (shared/spec/semantics.md) and the rules reference's filter and null
-semantics (README, "Filters and nulls") read literally, O(n²).
+"""Brute-force reference evaluator: the spec (docs/semantics.md) and the rules reference's filter and null
+semantics (docs/rules.md, "Filters and nulls") read literally, O(n²).
 
 Independent of the engine's vectorised code: it reads each event's fields from the raw record by their dotted
 path, as Python values of their declared type, evaluates filters term by term with None as UNKNOWN, keeps every

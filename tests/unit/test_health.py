@@ -14,9 +14,8 @@ import pytest
 
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import lines
-from fraudrules.ops import delta_log, health
+from fraudrules.ops import delta_log, health, supervisor
 from tests.support.delta_writer import BATCHES, DeltaWriter, batch_row
-from tools import supervisor
 
 
 @pytest.fixture

@@ -1,17 +1,22 @@
 """The package is what a cluster runs: the engine does not import the demo generator, nothing imports the
-repository's tools, and no module finds repository folders relative to its own file."""
+repository's tools, no module finds repository folders relative to its own file, and only the notebooks' helpers
+(`analyst`, an extra of the wheel) need plotting."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "lib" / "fraudrules"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "lib" / "fraudrules"
 MODULES = sorted(PACKAGE.rglob("*.py"))
+ANALYST = sorted((PACKAGE / "analyst").glob("*.py"))
+CORE = [m for m in MODULES if m not in ANALYST]
 
 
 def imported(path: Path) -> set[str]:
@@ -39,4 +44,42 @@ def test_the_engine_does_not_import_the_generator(path):
 def test_loading_the_job_loads_no_generator():
     """Transitively: the job, its sources, sinks and processors, and the run loop."""
     code = "import sys, fraudrules.engine.job, fraudrules.engine.run; print('fraudrules.generator' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_core_does_not_import_the_analyst_helpers(path):
+    assert not {m for m in imported(path) if m.startswith("fraudrules.analyst")}
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def third_party(paths: list[Path]) -> set[str]:
+    tops = {m.split(".")[0] for path in paths for m in imported(path)}
+    return {m.lower() for m in tops if m not in sys.stdlib_module_names and m not in ("fraudrules", "__future__")}
+
+
+def test_the_analyst_extra_holds_what_only_the_notebooks_helpers_import():
+    """What `analyst` imports beyond the core is its extra (the streaming job's wheel installs without it), and
+    the local environment pins it (`make setup`: the notebooks and their tests run there)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["analyst"]
+    assert third_party(ANALYST) - third_party(CORE) <= requirement_names(extra)
+    pinned = (ROOT / "requirements.txt").read_text().splitlines()
+    assert requirement_names(extra) <= requirement_names([r for r in pinned if r and not r.startswith("#")])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "dags").glob("*.py")), ids=lambda p: p.name)
+def test_the_dags_run_no_code_from_tools(path):
+    """A DAG's tasks run the job environment's package (`python -m fraudrules...`), not the repository's tools."""
+    assert not re.findall(r"\btools[./]\w+", path.read_text())
+
+
+def test_loading_the_job_loads_no_local_runtime():
+    """A cluster's session never loads what only a local JVM needs (`local_runtime`): the session loads it when it
+    starts one."""
+    modules = "fraudrules.session, fraudrules.engine.job, fraudrules.engine.run"
+    code = f"import sys, {modules}; print('fraudrules.local_runtime' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""The local driver JVM's options, checked against the JDK that runs them."""
+"""The local driver JVM's options, checked against the JDK that runs them; where a session finds its jars."""
 
 import shlex
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fraudrules import session
+from fraudrules import local_runtime, session
 
 
 def final_flags(options: str) -> dict[str, str]:
@@ -20,14 +20,14 @@ def final_flags(options: str) -> dict[str, str]:
 def test_the_jit_keeps_a_full_size_code_cache(short_lived):
     """C1 alone defaults to a 48 MiB code cache, which a backtest fills (the JVM then stops compiling and
     prints a warning on stdout): short-lived sessions keep the tiered JIT's 240 MiB."""
-    flags = final_flags(session.jvm_options(short_lived))
+    flags = final_flags(local_runtime.jvm_options(short_lived))
     assert flags["TieredStopAtLevel"] == ("1" if short_lived else "4")
     assert int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
 
 
 def test_only_the_lowest_java_priority_is_niced():
     """Background threads (Thread.MIN_PRIORITY) run at nice 19; every other priority maps to nice 0."""
-    flags = final_flags(session.jvm_options(short_lived=False))
+    flags = final_flags(local_runtime.jvm_options(short_lived=False))
     assert flags["ThreadPriorityPolicy"] == "1"
     assert flags["JavaPriority1_To_OSPriority"] == "19"
     assert {flags[f"JavaPriority{p}_To_OSPriority"] for p in range(2, 11)} == {"0"}
@@ -36,10 +36,10 @@ def test_only_the_lowest_java_priority_is_niced():
 @pytest.mark.parametrize(
     ("master", "built", "expected"),
     [
-        ("local[2]", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
+        ("local[2]", True, {"spark.hadoop.fs.file.impl": local_runtime.LOCAL_FS}),
         ("local[2]", False, {}),  # not built (no javac): Hadoop's own local file system
-        ("local[*]", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
-        ("local", True, {"spark.hadoop.fs.file.impl": session.LOCAL_FS}),
+        ("local[*]", True, {"spark.hadoop.fs.file.impl": local_runtime.LOCAL_FS}),
+        ("local", True, {"spark.hadoop.fs.file.impl": local_runtime.LOCAL_FS}),
         ("local-cluster[2,1,1024]", True, {}),  # executors in other JVMs would not have the class
         ("spark://host:7077", True, {}),
     ],
@@ -48,11 +48,11 @@ def test_the_no_fork_local_file_system_only_where_it_is_built_and_the_session_is
     tmp_path, monkeypatch, master, built, expected
 ):
     monkeypatch.setenv("FRAUDRULES_JARS", str(tmp_path))
-    jar = tmp_path / session.LOCAL_FS_JAR
+    jar = tmp_path / local_runtime.LOCAL_FS_JAR
     if built:
         jar.parent.mkdir()
         jar.write_bytes(b"")
-    options = session.local_fs_options(master)
+    options = local_runtime.local_fs_options(master)
     assert {k: v for k, v in options.items() if k != "spark.driver.extraClassPath"} == expected
     assert options.get("spark.driver.extraClassPath") == (str(jar) if expected else None)
 

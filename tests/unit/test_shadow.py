@@ -12,7 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fraudrules.analyst.shadow import (
+from fraudrules.engine import logins
+from fraudrules.engine.evaluation import Batch
+from fraudrules.engine.outbox import OUTBOX
+from fraudrules.engine.results import shadow_rows
+from fraudrules.engine.ruleset import RuleSet
+from fraudrules.rules import store
+from fraudrules.rules.codec import from_row
+from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
+from fraudrules.rules.shadow import (
     HOUR_MS,
     Comparison,
     Run,
@@ -22,13 +30,6 @@ from fraudrules.analyst.shadow import (
     parse_time,
     shadow_run,
 )
-from fraudrules.engine import logins
-from fraudrules.engine.evaluation import Batch
-from fraudrules.engine.ruleset import RuleSet
-from fraudrules.engine.sinks import OUTBOX, shadow_rows
-from fraudrules.rules import store
-from fraudrules.rules.codec import from_row
-from fraudrules.rules.model import RuleError, parse_rule, parse_rules_text
 from tests.support import reference
 from tests.support.harness import (
     LOGIN_EVENT_COLUMNS,

@@ -19,13 +19,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import backtest, config, event_schema, tables
-from fraudrules.analyst import display, shadow, views
+from fraudrules.analyst import display, views
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
 from fraudrules.engine import job
 from fraudrules.engine.messages import rule_text
 from fraudrules.generator import RichWorkload, Workload, is_rich, sample_rules_path, write_jsonl
-from fraudrules.rules import store
+from fraudrules.rules import shadow, store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule, stored_rule
 from fraudrules.session import dbutils, kafka_secret_options, on_databricks
 

@@ -1,1 +1,1 @@
-"""The streaming job: sources, ingest, dynamic keying, windowed evaluation, login detection, sinks."""
+"""The streaming job: sources, ingest, dynamic keying, windowed evaluation, login detection, outbox and sinks."""

@@ -28,19 +28,14 @@ from fraudrules.config import (
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, inputs, tws_input
+from fraudrules.engine import ingest, inputs, kafka, pyspark_compat
+from fraudrules.engine.bronze import IngestSink
+from fraudrules.engine.committer import BACKGROUND_POOL, Committer
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
-from fraudrules.engine.progress import say
-from fraudrules.engine.sinks import (
-    BACKGROUND_POOL,
-    Committer,
-    IngestSink,
-    Printer,
-    ResultSink,
-    RuleChangeSink,
-    publish_alerts,
-)
+from fraudrules.engine.progress import Printer, say
+from fraudrules.engine.results import ResultSink
+from fraudrules.engine.rule_changes import RuleChangeSink
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
 from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
@@ -53,7 +48,7 @@ HOT_POOL = "evaluate"  # the other queries' scheduler pool (fairscheduler.xml): 
 
 
 def namespace(cfg: JobConfig, query: str) -> str:
-    """Names the state caches of one checkpoint (see chunks.Cache)."""
+    """Names the state caches of one checkpoint (see state.Cache)."""
     return hashlib.sha1(cfg.checkpoint(query).encode()).hexdigest()[:16]
 
 
@@ -200,7 +195,7 @@ def query(
         return ingest.parse_logins(raw_logins(spark, cfg, name)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
     if name in STATEFUL:
         committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds)
-        publish = (lambda alerts: publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
+        publish = (lambda alerts: kafka.publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
         sink = ResultSink(committer, publish, printer)
         if name == EVALUATE_QUERY:
             return evaluate(spark, cfg, raw_transactions(spark, cfg, name)), sink
@@ -221,7 +216,7 @@ def start(
     tables.ensure(spark, cfg)
     adopt_schema(spark, cfg)
     names = names or query_names(cfg)
-    if printer and (note := tws_input.notice()):
+    if printer and (note := pyspark_compat.notice()):
         printer(note)
     queries, committers = {}, []
     for name in names:

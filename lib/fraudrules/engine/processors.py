@@ -20,9 +20,9 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from fraudrules.engine import logins
 from fraudrules.engine.evaluation import OUTPUT_COLUMNS, Batch, Timings, stats_row, step
 from fraudrules.engine.logins import decode_sequences, encode_sequences
+from fraudrules.engine.pyspark_compat import VectorizedInput
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, Meta, Resets, ShardEvents, cache_for, death_time, drop_dead
-from fraudrules.engine.tws_input import VectorizedInput
 from fraudrules.event_schema import DEFAULT, EventSchema
 
 TEXT = StructType([StructField("text", StringType())])

@@ -1,1 +1,2 @@
-"""Operating the job: health from what it leaves behind, its window state, data quality of its tables."""
+"""Operating the job: health from what it leaves behind, the local supervisor that keeps it running, its window
+state, data quality of its tables."""

@@ -2,7 +2,7 @@
 
 - heartbeat: the `batches` Delta table (one row per committed evaluate micro-batch), read from its log;
 - runner: what runs the job — locally the process of the pid file that `fraudrules run` writes when it starts,
-  whoever started it (`make run`, a shell, the supervisor `tools/supervisor.py`), on Databricks the job's active
+  whoever started it (`make run`, a shell, the supervisor `ops.supervisor`), on Databricks the job's active
   run (observed by the DAG, handed in as facts);
 - latency: the p99 alert latency of recent batches, over a threshold or rising;
 - lag: landing files the evaluate query has not read to the end (its source's ledger and committed offsets).

@@ -1,1 +1,2 @@
-"""Rules: the validated model, the rules Delta table, and the one codec for a rule crossing into SQL."""
+"""Rules: the validated model, the rules Delta table, the one codec for a rule crossing into SQL, and a shadow
+rule compared with its live rule."""

@@ -1,9 +1,9 @@
 """A local supervisor of the continuous job: start `fraudrules run` detached, stop it, restart it, or do what
 `fraudrules status` recommends (`ensure`). The local target of the `fraud_stream` DAG calls it:
 
-    python -m tools.supervisor start  --data-dir data --rate 200
-    python -m tools.supervisor ensure --data-dir data     # start / restart as the status recommends
-    python -m tools.supervisor stop   --data-dir data
+    python -m fraudrules.ops.supervisor start  --data-dir data --rate 200
+    python -m fraudrules.ops.supervisor ensure --data-dir data     # start / restart as the status recommends
+    python -m fraudrules.ops.supervisor stop   --data-dir data
 
 It writes the pid file, log and restart history under <data-dir>/run that `fraudrules.ops.health` reads.
 Nothing here imports pyspark: the job runs as its own detached process.
@@ -150,7 +150,7 @@ def ensure(data_dir: str, thresholds: health.Thresholds | None = None, **start_k
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tools.supervisor", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fraudrules.ops.supervisor", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default="data")

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
-from fraudrules.engine import tws_input
+from fraudrules.engine import pyspark_compat
 from fraudrules.engine.processors import LoginProcessor, RulesProcessor
-from fraudrules.engine.tws_input import Mode
+from fraudrules.engine.pyspark_compat import Mode
 
 
 def serializer(max_records: int = 10_000, max_bytes: int = 2**31 - 1) -> TransformWithStateInPandasSerializer:
@@ -77,8 +77,8 @@ def assert_same(ours: list[tuple], upstream: list[tuple]) -> None:
 def parity(data: list[pa.RecordBatch], **bounds: int) -> list[tuple]:
     """Ours and upstream's on the same stream and bounds; also the serializers' batch-size statistics."""
     ours_ser, upstream_ser = serializer(**bounds), serializer(**bounds)
-    ours = read(tws_input.load_stream, ours_ser, stream(*data))
-    assert_same(ours, read(tws_input.UPSTREAM, upstream_ser, stream(*data)))
+    ours = read(pyspark_compat.load_stream, ours_ser, stream(*data))
+    assert_same(ours, read(pyspark_compat.UPSTREAM, upstream_ser, stream(*data)))
     stats = ("total_bytes", "total_rows", "average_arrow_row_size")
     assert [getattr(ours_ser, a) for a in stats] == [getattr(upstream_ser, a) for a in stats]
     return ours
@@ -117,7 +117,7 @@ def test_cuts_a_keys_rows_where_upstream_does_by_records_and_by_bytes(bounds):
 def test_columns_a_row_holds_differently_are_regrouped_row_by_row_as_upstream_does():
     when = pa.array([1_700_000_000_000_000] * 3, pa.timestamp("us", tz="UTC"))
     data = [batch([1, 1, 2], at=when), batch([2, 3, 3], at=when)]
-    assert not tws_input.plain(data[0].schema)
+    assert not pyspark_compat.plain(data[0].schema)
     parity(data)
     parity(data, max_records=2, max_bytes=90)
 
@@ -129,27 +129,27 @@ def test_an_empty_stream_only_ends_the_batch():
 
 @pytest.mark.parametrize("processor", [RulesProcessor(60_000, [7], "ns"), LoginProcessor([7])])
 def test_a_worker_unpickling_a_processor_installs_it(monkeypatch, processor):
-    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", tws_input.UPSTREAM)
+    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
     copy = pickle.loads(pickle.dumps(processor))
-    assert TransformWithStateInPandasSerializer.load_stream is tws_input.load_stream
+    assert TransformWithStateInPandasSerializer.load_stream is pyspark_compat.load_stream
     assert copy.__dict__ == processor.__dict__
 
 
 def test_its_release_uses_it_and_says_nothing(monkeypatch):
-    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", tws_input.UPSTREAM)
-    assert tws_input.pyspark.__version__ == tws_input.RELEASE == "4.2.0"
-    assert tws_input.install() and tws_input.notice() is None
+    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
+    assert pyspark_compat.pyspark.__version__ == pyspark_compat.RELEASE == "4.2.0"
+    assert pyspark_compat.install() and pyspark_compat.notice() is None
 
 
 @pytest.mark.parametrize("where", ["a patch release", "a later release", "a Databricks runtime", "an opt-out"])
 def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
-    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", tws_input.UPSTREAM)
+    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
     if where in ("a patch release", "a later release"):
-        monkeypatch.setattr(tws_input.pyspark, "__version__", "4.2.1" if where == "a patch release" else "4.3.0")
+        monkeypatch.setattr(pyspark_compat.pyspark, "__version__", "4.2.1" if where == "a patch release" else "4.3.0")
     elif where == "a Databricks runtime":
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
     else:
-        monkeypatch.setenv(tws_input.UPSTREAM_ENV, "1")
-    assert not tws_input.install()
-    assert TransformWithStateInPandasSerializer.load_stream is tws_input.UPSTREAM
-    assert tws_input.notice().startswith("stateful input regrouped by PySpark's own transformWithStateInPandas")
+        monkeypatch.setenv(pyspark_compat.UPSTREAM_ENV, "1")
+    assert not pyspark_compat.install()
+    assert TransformWithStateInPandasSerializer.load_stream is pyspark_compat.UPSTREAM
+    assert pyspark_compat.notice().startswith("stateful input regrouped by PySpark's own transformWithStateInPandas")

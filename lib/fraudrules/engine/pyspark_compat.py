@@ -1,11 +1,11 @@
-"""transformWithStateInPandas input grouped by key without a Python step per row.
+"""Compatibility with PySpark 4.2.0: transformWithStateInPandas input grouped by key without a Python step per row.
 
 PySpark 4.2's `TransformWithStateInPandasSerializer.load_stream` regroups the input rows by key one row at a
-time (`itertuples`, `itertools.groupby`, then `pd.DataFrame(rows)`): 1.5 s of Python for 200,000 rows here,
-on the one core a shard's task has, where Arrow → pandas itself takes 0.16 s. The JVM sends a key's rows
-together, so the same groups are runs of equal keys in each Arrow batch: found with numpy and sliced from the
-batch's frame. The frames, keys and modes yielded are those of the upstream method (`tests/unit/
-test_tws_input.py` compares both on the installed PySpark).
+time (`itertuples`, `itertools.groupby`, then `pd.DataFrame(rows)`), on the one core a shard's task has: about
+ten times what converting the same Arrow batches to pandas costs. The JVM sends a key's rows together, so the
+same groups are runs of equal keys in each Arrow batch: found with numpy and sliced from the batch's frame. The
+frames, keys and modes yielded are those of the upstream method (`tests/unit/test_pyspark_compat.py` compares both
+on the installed PySpark).
 
 Upstream cuts a key's rows into frames of at most `arrow_max_records_per_batch` rows, and of fewer rows than fit
 in `arrow_max_bytes_per_batch` at the running average row size it keeps (`_update_batch_size_stats`): the same

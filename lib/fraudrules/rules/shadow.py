@@ -339,7 +339,7 @@ def alerts_in(
 
 def live_vs_shadow(c: Comparison, bucket_ms: int = 60_000) -> pd.DataFrame:
     """Alerts per event-time bucket of a comparison's shadow rule and live rule over their common batches:
-    columns bucket (timestamp), live, shadow (for `plots.plot_live_vs_shadow`)."""
+    columns bucket (timestamp), live, shadow (what the notebooks' `plots.plot_live_vs_shadow` draws)."""
     both = _sides(c.alerts["live"], c.alerts["shadow"])
     both["bucket"] = pd.to_datetime(both["eventTimeMs"].astype("int64") // bucket_ms * bucket_ms, unit="ms", utc=True)
     return _per_side(both, "bucket")

@@ -1,0 +1,84 @@
+"""What a local Spark session needs and a cluster does not: the driver JVM's options (heap, logging, thread
+niceness, the class-data archive, the C1-only JIT of short-lived sessions) and Hadoop's local file system without a
+forked `chmod`. `session` loads this module only for a local session; a Databricks cluster's JVM is the cluster's.
+
+A local JVM starts cold: its first seconds go to loading classes and interpreting Spark's and Delta's planner (a
+process's first Delta read is much slower than the next ones). Two remedies: the class-data archive `make setup`
+writes beside the jars (classes mapped from it instead of loaded and verified), and, for sessions that end within
+a minute or two (`short_lived`: every Spark command but `run`, the notebooks), the C1-only JIT, which compiles at
+once rather than after profiling. Long-lived sessions (the continuous job, the bench, the test suite's shared
+session) keep the default tiered JIT for its steady-state speed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from pyspark.sql import SparkSession
+
+from fraudrules import logs
+from fraudrules.session import jars_file
+
+DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
+# Hadoop's local file system without a forked `chmod` per created file (jvm/localfs), built by `make setup` into
+# the jars folder's driver/ (not a Spark jar: the driver's class path, where Hadoop looks file systems up)
+LOCAL_FS = "io.fraudrules.hadoop.NoForkLocalFileSystem"
+LOCAL_FS_JAR = os.path.join("driver", "fraudrules-localfs.jar")
+CLASS_ARCHIVE = "fraudrules.jsa"  # the JVM's class-data archive, in the jars folder (`make setup` writes it)
+TRAIN_ENV = "FRAUDRULES_CLASS_ARCHIVE_TRAINING"  # set: this JVM writes the archive of the classes it loaded
+# The JVM's own warnings go to stderr (unified logging writes them to stdout, where command output goes);
+# the class-data archive's notices are off (a JVM that cannot map the archive just loads its classes).
+JVM_LOGGING = ("-Xlog:disable", "-Xlog:all=warning:stderr", "-Xlog:cds*=off:stderr")
+# C1 alone gets a 48 MiB code cache (the client default), which a backtest fills, and the JVM then stops
+# compiling. 240 MiB is the tiered JIT's default; it is reserved address space, committed as used.
+C1_ONLY = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
+# Java thread priorities as OS nice values: MIN_PRIORITY threads (`lower_priority`) run at nice 19, every other
+# priority at nice 0 as before. On 2 cores the driver side of the bronze ingest and of the Delta commits of
+# results then takes only the CPU the evaluation leaves idle. (HotSpot's own mapping would also raise the GC and
+# JIT threads to nice -5.)
+BACKGROUND_NICE = (
+    "-XX:ThreadPriorityPolicy=1",
+    "-XX:JavaPriority1_To_OSPriority=19",
+    *(f"-XX:JavaPriority{p}_To_OSPriority=0" for p in range(2, 11)),
+)
+
+
+def driver_memory() -> str:
+    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 3g. The heap grows to its maximum under the job's
+    allocation rate and stays there, so the default is what `make bench` needs, not more (docs/performance.md)."""
+    return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
+
+
+def lower_priority(spark: SparkSession) -> None:
+    """Run the calling thread's JVM side (a query's stream thread in its foreachBatch, the JVM thread that serves
+    a Python thread) at Java's lowest priority, which `BACKGROUND_NICE` maps to nice 19."""
+    spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
+
+
+def local_fs_options(master: str) -> dict[str, str]:
+    """`file:` paths through LOCAL_FS in a local session (one JVM, not `local-cluster`), when `make setup` built
+    it. Without Hadoop's native library (the pyspark wheel has none) the stock local file system forks a `chmod`
+    of the whole driver JVM for every file it creates: checkpoint logs, state store and Parquet files, several
+    per micro-batch. Delta's own log writes go through Hadoop's FileContext, which this does not change."""
+    jar = jars_file(LOCAL_FS_JAR)
+    if not re.fullmatch(r"local(\[[^\]]*\])?", master) or jar is None or not os.path.exists(jar):
+        return {}
+    return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
+
+
+def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
+    """The local driver JVM's options: logging, thread niceness, the class-data archive (when there is one; an
+    archive that does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived
+    sessions, Derby's home (its log) in the local catalog's folder."""
+    archive = jars_file(CLASS_ARCHIVE)
+    options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
+    if catalog:
+        options.append(f"-Dderby.system.home={catalog}")
+    if os.environ.get(TRAIN_ENV) and archive:
+        options.append(f"-XX:ArchiveClassesAtExit={archive}")
+    elif archive and os.path.exists(archive):
+        options.append(f"-XX:SharedArchiveFile={archive}")
+    if short_lived:
+        options.extend(C1_ONLY)
+    return " ".join(options)
