@@ -367,6 +367,26 @@ def create_topics(bootstrap: str, topics: list[str], partitions: int = 1, timeou
         except Exception as err:  # a concurrent creator is fine
             if "TOPIC_ALREADY_EXISTS" not in str(err):
                 raise RuntimeError(f"cannot create topic {topic}: {err}") from err
+    # Created is not yet served: until each partition has a leader, reads of it fail (NOT_LEADER_FOR_PARTITION).
+    deadline = time.monotonic() + timeout_s
+    while True:
+        served = admin.list_topics(timeout=timeout_s).topics
+        waiting = [t for t in dict.fromkeys(topics) if t and not _led(served.get(t))]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics {', '.join(waiting)} have no leader after {timeout_s}s")
+        time.sleep(0.1)
+
+
+def _led(topic) -> bool:
+    """Whether a topic's metadata shows it with partitions, each with a leader."""
+    return (
+        topic is not None
+        and topic.error is None
+        and bool(topic.partitions)
+        and all(p.leader >= 0 for p in topic.partitions.values())
+    )
 
 
 def produce(bootstrap: str, topic: str, values: list, key: str | None = None, timeout_s: float = 60) -> int:
@@ -444,8 +464,9 @@ def consume_all(bootstrap: str, topic: str, timeout_s: float = 120) -> list:
 
 
 class TopicTail(threading.Thread):
-    """Reads every partition of an existing topic from its beginning as messages arrive, until stop(), handing
-    each message and the wall-clock time (ms) it was received to `on_message` (called on this thread).
+    """Reads every partition of a topic (created and led: see create_topics) from its beginning as messages arrive,
+    until stop(), handing each message and the wall-clock time (ms) it was received to `on_message` (called on this
+    thread).
 
     For latency measurements: the broker answers a fetch as soon as a message is there, and the reader asks again
     at once. A failed read ends the thread with `error` set.
@@ -476,7 +497,7 @@ class TopicTail(threading.Thread):
             self.error = err
             return
         try:
-            partitions = _end_offsets(consumer, self.topic, self.timeout_s)
+            partitions = consumer.list_topics(self.topic, timeout=self.timeout_s).topics[self.topic].partitions
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
             while not self._halt.is_set():
                 messages = consumer.consume(num_messages=1_000, timeout=0.1)
