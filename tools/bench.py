@@ -9,6 +9,16 @@ For the median micro-batch of each mode it prints where the time went. Scale (`-
 `fraudrules backtest` commands over one file of 1,000,000 and 5,000,000 records, their wall time and the peak
 memory of their process trees.
 
+Kafka end to end (`--mode kafka`, the figure users see): a local single-node broker (tests/support/kafka_broker.py)
+and the job as production runs it, `fraudrules run --no-generator --source kafka` in a child process with the bench rules.
+A producer sends the workload at `--rate` tx/s in small batches (every 15 ms), each record's ingestionTimestamp the
+wall clock at send; a consumer reads the alerts topic as alerts arrive. An alert's latency is its receive time minus
+its transaction's stamp (carried in the alert), over the transactions sent in `--seconds` after `--warmup` (which
+counts from the job's first micro-batch of transactions: its start-up is not in it); the job gets time to evaluate
+all of them before it is stopped (SIGINT). Also: the same window's alerts in the job's
+Delta table, the latency split by step (send → evaluated → on the driver → received) and the peak PSS of the job's
+process tree. `--rates 1000,2000,5000`: a fresh job at each rate, then the highest one with p99 <= 1 s.
+
 Profiles: `local` (the default: what a laptop runs: one shard, local path tables through delta-rs, the vectorized
 stateful input) and `cluster` (what the bundle runs: 16 shards and state partitions, catalog tables through Spark's
 Delta writer in a local catalog, PySpark's own input regrouping), on the same machine.
@@ -20,12 +30,13 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -195,11 +206,11 @@ def cfg_rules(spark, cfg: JobConfig) -> list[dict]:
     return [r for r in store.current(spark, cfg).values() if r["ruleState"] == "ACTIVE"]
 
 
-def _percentiles(ms: np.ndarray) -> str:
+def _percentiles(ms: np.ndarray, quantiles: tuple[int, ...] = (50, 99)) -> str:
     if len(ms) == 0:
         return "no alerts"
-    p50, p99 = np.percentile(ms, [50, 99])
-    return f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms, max {ms.max():,.0f} ms"
+    values = np.percentile(ms, quantiles)
+    return ", ".join(f"p{q} {v:,.0f} ms" for q, v in zip(quantiles, values, strict=True)) + f", max {ms.max():,.0f} ms"
 
 
 def _histogram(ms: np.ndarray, path: str, title: str) -> None:
@@ -307,6 +318,302 @@ def _empty_batches(running: job.Job, cfg: JobConfig, count: int = 5) -> str:
     return f"median {statistics.median(ms):,.0f} ms over {len(ms)}" if ms else "none ran"
 
 
+# ------------------------------------------------------------------------------------------ Kafka end to end
+
+SUSTAINED_P99_MS = 1_000  # --rates: the highest rate whose p99 stays at or under this
+KAFKA_TICK_S = 0.015  # the producer sends a small batch this often, each record stamped at send
+KAFKA_KINDS = ("transactions", "logins", "rules", "alerts")  # the job's topics, one set per run
+STARTED_LINE = "starting the queries"  # what `fraudrules run` prints once its tables and rules are ready
+STARTUP_S = 300  # the job's first micro-batch of transactions, at most this long after the producer starts
+# alert JSON fields after the send stamp (ingestionTimestamp), then the consumer's receive time: where the time goes
+KAFKA_STAGES = (("producedAtMs", "evaluated"), ("publishedAtMs", "on the driver"), (None, "received"))
+
+
+@dataclass
+class KafkaRun:
+    """What one Kafka-mode run measured: the latency (receive time − send stamp, ms) of each alert whose transaction
+    was sent in the measured window, and the same split by stage (KAFKA_STAGES)."""
+
+    rate: float
+    warmup: float
+    seconds: float
+    latencies: np.ndarray = field(default_factory=lambda: np.empty(0))
+    stages: dict[str, np.ndarray] = field(default_factory=dict)
+    duplicates: int = 0  # alerts received more than once (the topic is at-least-once)
+    in_delta: int | None = None  # the measured window's alerts in the job's Delta alerts table (None: not read)
+    behind: int = 0  # transactions the job had not evaluated when the wait for it ended
+    memory: str = "?"
+    error: str | None = None
+
+    @property
+    def p99(self) -> float | None:
+        return float(np.percentile(self.latencies, 99)) if len(self.latencies) else None
+
+    @property
+    def sustained(self) -> bool:
+        """Kept pace with p99 at or under SUSTAINED_P99_MS (a run without alerts proves nothing)."""
+        return self.error is None and not self.behind and self.p99 is not None and self.p99 <= SUSTAINED_P99_MS
+
+    def lines(self) -> list[str]:
+        head = f"kafka: {self.rate:,.0f} tx/s"
+        if self.error is not None:
+            return [f"{head}: FAILED: {self.error}"]
+        lines = [
+            f"{head}, {len(self.latencies):,} alerts measured over {self.seconds:.0f} s after a {self.warmup:.0f} s "
+            f"warm-up: send → alert received {_percentiles(self.latencies, (50, 90, 99))}; job peak {self.memory}"
+        ]
+        delta = "?" if self.in_delta is None else f"{self.in_delta:,}"
+        check = f"  the window's alerts: {len(self.latencies):,} received, {delta} in the job's Delta alerts table"
+        check += f" ({self.duplicates:,} received twice)" if self.duplicates else ""
+        if self.behind:
+            check += f"; the job had not evaluated the last {self.behind:,} transactions when the wait ended"
+        lines.append(check)
+        if self.stages and len(self.latencies):
+            split = ", ".join(
+                f"→ {name} {np.percentile(ms, 50):,.0f} / {np.percentile(ms, 99):,.0f}"
+                for name, ms in self.stages.items()
+            )
+            lines.append(f"  where the time goes (p50 / p99 ms of each step): sent {split}")
+        return lines
+
+
+def highest_sustained(runs: list[KafkaRun]) -> str:
+    """The line that names the highest rate at which p99 stayed at or under SUSTAINED_P99_MS."""
+    kept = [r.rate for r in runs if r.sustained]
+    limit = f"p99 <= {SUSTAINED_P99_MS / 1000:g} s"
+    if not kept:
+        tried = ", ".join(f"{r.rate:,.0f}" for r in sorted(runs, key=lambda r: r.rate))
+        return f"highest rate with {limit}: none of {tried} tx/s"
+    return f"highest rate with {limit}: {max(kept):,.0f} tx/s"
+
+
+def kafka_mode(root: str, rates: list[float], warmup: float, seconds: float, profile: str) -> list[KafkaRun]:
+    """Kafka end to end at each rate in turn (a fresh job each time) on one local broker, printing each run's lines
+    as it ends; the broker and every job are stopped whatever happens."""
+    from tests.support.kafka_broker import start_local_broker
+
+    os.makedirs(root, exist_ok=True)
+    shutil.rmtree(os.path.join(root, "kafka"), ignore_errors=True)
+    broker = start_local_broker(os.path.join(root, "kafka"))
+    runs = []
+    try:
+        for rate in rates:
+            try:
+                run = kafka_run(root, broker.bootstrap, rate, warmup, seconds, profile)
+            except (RuntimeError, TimeoutError) as err:  # this rate's job died or never started: the next may run
+                run = KafkaRun(rate, warmup, seconds, error=str(err))
+            runs.append(run)
+            print("\n".join(run.lines()), flush=True)
+    finally:
+        broker.stop()
+    return runs
+
+
+def kafka_run(root: str, bootstrap: str, rate: float, warmup: float, seconds: float, profile: str) -> KafkaRun:
+    """`fraudrules run` on Kafka as production runs it (a child process), fed at `rate` tx/s by a producer that
+    stamps each record at send; a consumer times each alert read back from the alerts topic."""
+    from fraudrules.generator import KafkaRateWriter
+    from tests.support.kafka_broker import TopicTail, create_topics, end_offsets
+
+    name = f"kafka-{rate:g}"
+    data_dir = os.path.join(root, name)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    os.makedirs(data_dir)
+    topics = {kind: f"{name}-{kind}" for kind in KAFKA_KINDS}
+    create_topics(bootstrap, list(topics.values()))
+    alerts: dict[str, tuple[int, ...]] = {}  # alertId -> send stamp, stage times, receive time (first receipt)
+    duplicates = [0]
+
+    def on_alert(msg, received_ms: int) -> None:
+        row = json.loads(msg.value())
+        if row["alertId"] in alerts:
+            duplicates[0] += 1
+            return
+        stamps = [row.get("ingestionTimestamp") or -1, *(row.get(f) or 0 for f, _ in KAFKA_STAGES[:-1])]
+        alerts[row["alertId"]] = (*stamps, received_ms)
+
+    log_path = os.path.join(data_dir, "job.log")
+    child = _spawn_job(kafka_command(bootstrap, data_dir, topics, profile), log_path, profile)
+    memory = PeakMemory(pid=child.pid)
+    memory.start()
+    tail = TopicTail(bootstrap, topics["alerts"], on_alert)
+    tail.start()
+    writer = None
+    try:
+        _wait_for_line(child, log_path, STARTED_LINE)
+        events = workload(count=10**9, seed=99, first_id=10**9, events_per_second=rate).transactions()
+        writer = KafkaRateWriter(bootstrap, topics["transactions"], events, rate, tick_s=KAFKA_TICK_S)
+        writer.start()
+        checkpoint = JobConfig(data_dir=data_dir).checkpoint(EVALUATE_QUERY)
+
+        def read() -> int:
+            return committed_offsets(checkpoint, topics["transactions"])
+
+        # the warm-up counts from the first micro-batch that evaluated transactions: start-up (Python workers, state
+        # stores: 25 s or more, longer on a loaded machine) must not eat it, and the backlog it left is drained in it
+        if not _watch(child, log_path, tail, time.time() + STARTUP_S, until=lambda: read() > 0):
+            raise TimeoutError(f"the job evaluated no transaction in {STARTUP_S} s (log {log_path})")
+        since = int(time.time() * 1000 + warmup * 1000)
+        until = since + int(seconds * 1000)
+        _watch(child, log_path, tail, until / 1000)
+        writer.stop()
+        writer.join()
+        sent = sum(end_offsets(bootstrap, topics["transactions"]).values())
+        # every transaction sent evaluated, so its alerts published: those late ones count (else `behind`)
+        _watch(child, log_path, tail, time.time() + max(60.0, seconds), until=lambda: read() >= sent)
+        behind = max(0, sent - read())
+        ends = end_offsets(bootstrap, topics["alerts"])
+        _watch(child, log_path, tail, time.time() + 30, until=lambda: tail.caught_up(ends))
+        peak = memory.stop()
+    finally:
+        if writer is not None:
+            writer.stop()
+            writer.join()
+        tail.stop()
+        memory.stop()
+        _stop_job(child)
+    measured = [a for a in alerts.values() if since <= a[0] < until]
+    times = np.array(measured, dtype=np.float64).reshape(-1, len(KAFKA_STAGES) + 1)
+    steps = np.diff(times, axis=1)
+    return KafkaRun(
+        rate,
+        warmup,
+        seconds,
+        latencies=times[:, -1] - times[:, 0],
+        stages={label: steps[:, i] for i, (_, label) in enumerate(KAFKA_STAGES)},
+        duplicates=duplicates[0],
+        in_delta=_delta_alerts(data_dir, since, until),
+        behind=behind,
+        memory=peak,
+    )
+
+
+def kafka_command(bootstrap: str, data_dir: str, topics: dict[str, str], profile: str) -> list[str]:
+    """The production command line of the job on Kafka, with the bench's rules (and the schema's DDL)."""
+    command = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--source", "kafka"]
+    command += ["--kafka-bootstrap", bootstrap, "--data-dir", data_dir, "--rules", str(SCHEMAS[SCHEMA][2])]
+    for kind, topic in topics.items():
+        command += [f"--{kind}-topic", topic]
+    if SCHEMAS[SCHEMA][0]:
+        command += ["--event-schema", str(SCHEMAS[SCHEMA][0])]
+    if profile == "cluster":  # as `profiled` and the scale mode: the bundle's shards, catalog tables
+        schema = f"{BENCH_SCHEMA}_{os.path.basename(data_dir)}".replace("-", "_").replace(".", "_")
+        command += ["--catalog", "spark_catalog", "--schema", schema]
+        command += ["--shards", str(CLUSTER_SHARDS), "--shuffle-partitions", str(CLUSTER_SHARDS)]
+    return command
+
+
+def _spawn_job(command: list[str], log_path: str, profile: str) -> subprocess.Popen:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    if profile == "cluster":
+        env[UPSTREAM_ENV] = "1"
+    with open(log_path, "wb") as out:
+        # Own process group: a Ctrl-C in the terminal reaches only the bench, which stops the job in order.
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+
+
+def _log_tail(log_path: str, lines: int = 20) -> str:
+    text = Path(log_path).read_text(errors="replace") if os.path.exists(log_path) else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _alive(child: subprocess.Popen, log_path: str) -> None:
+    if child.poll() is not None:
+        raise RuntimeError(f"the job exited with {child.returncode} (log {log_path}):\n{_log_tail(log_path)}")
+
+
+def _wait_for_line(child: subprocess.Popen, log_path: str, text: str, timeout_s: float = 300) -> None:
+    """Until the job's output has `text` (it exiting first, or the timeout, is an error)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _alive(child, log_path)
+        if text in Path(log_path).read_text(errors="replace"):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the job did not print {text!r} in {timeout_s:.0f} s (log {log_path})")
+
+
+def _watch(child, log_path: str, tail, deadline: float, until=lambda: False) -> bool:
+    """Until the wall clock reaches `deadline` or `until()` holds (its value), the job and the consumer alive."""
+    while time.time() < deadline:
+        _alive(child, log_path)
+        if tail.error is not None:
+            raise RuntimeError(f"reading the alerts topic: {tail.error}")
+        if until():
+            return True
+        time.sleep(0.2)
+    return until()
+
+
+def committed_offsets(checkpoint: str, topic: str) -> int:
+    """Records of a Kafka topic (summed over partitions) that a query's last committed micro-batch had read: its
+    offset log entry (`v1`, the batch's metadata, then one line per source, a Kafka source's `{topic: {partition:
+    offset}}`)."""
+    try:
+        batch = max((int(f) for f in os.listdir(os.path.join(checkpoint, "commits")) if f.isdigit()), default=None)
+        if batch is None:
+            return 0
+        lines = Path(checkpoint, "offsets", str(batch)).read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines[2:]:
+        try:
+            source = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(source, dict) and isinstance(source.get(topic), dict):
+            return sum(int(v) for v in source[topic].values())
+    return 0
+
+
+def _stop_job(child: subprocess.Popen, timeout_s: float = 120) -> None:
+    """SIGINT (the job drains its micro-batches and stops Spark), then its whole process group is gone; SIGKILL
+    when it takes longer than `timeout_s`."""
+    if child.poll() is None:
+        os.kill(child.pid, signal.SIGINT)
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"  the job did not stop in {timeout_s:.0f} s after SIGINT: SIGKILL", flush=True)
+    started = time.monotonic()
+    while time.monotonic() - started < 30:  # its JVM and Python workers end with the driver; after 15 s, SIGKILL
+        child.poll()  # reaps the driver once it is gone
+        try:
+            os.killpg(child.pid, signal.SIGKILL if time.monotonic() - started > 15 else 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        print(f"  processes of the job's group {child.pid} are still there", flush=True)
+    child.wait()
+
+
+def _delta_alerts(data_dir: str, since: int, until: int) -> int | None:
+    """Alerts of transactions sent in [since, until) in the job's Delta alerts table (read with delta-rs: no Spark
+    here); None when it cannot be read."""
+    import glob
+
+    import pyarrow.compute as pc
+
+    found = [os.path.join(data_dir, "tables", "alerts")]
+    found += glob.glob(os.path.join(data_dir, "catalog", "warehouse", "*", "alerts"))  # the cluster profile's
+    for path in found:
+        if not os.path.isdir(os.path.join(path, "_delta_log")):
+            continue
+        try:
+            from deltalake import DeltaTable
+
+            rows = DeltaTable(path).to_pyarrow_table(columns=["alertId", "ingestionTimestamp"])
+        except Exception:  # a figure the run can do without
+            return None
+        stamp = rows.column("ingestionTimestamp")
+        window = pc.and_(pc.greater_equal(stamp, since), pc.less(stamp, until))
+        return len(pc.unique(rows.filter(window).column("alertId")))
+    return None
+
+
 def scale(root: str, profile: str) -> list[str]:
     """Whole `fraudrules backtest` commands over one file (SCALE): wall time and the peak memory of the command's
     process tree (a fresh JVM and its Python workers each time)."""
@@ -352,7 +659,16 @@ def _one_file(folder: str, records: int) -> str:
     return path
 
 
-def main(root: str, mode: str, count: int, rate: float, seconds: float, profile: str) -> None:
+def main(
+    root: str,
+    mode: str,
+    count: int,
+    rate: float,
+    seconds: float,
+    profile: str,
+    rates: list[float] | None = None,
+    warmup: float = 40.0,
+) -> None:
     """Run the chosen modes, printing each one's figures as soon as it has them."""
     shards = CLUSTER_SHARDS if profile == "cluster" else JobConfig().shards
     writes = "catalog tables, Spark's Delta writer" if profile == "cluster" else "path tables, delta-rs"
@@ -367,6 +683,10 @@ def main(root: str, mode: str, count: int, rate: float, seconds: float, profile:
         bench(root, mode, count, rate, seconds, profile)
     if mode == "scale":
         print("\n".join(scale(root, profile)), flush=True)
+    if mode == "kafka":
+        runs = kafka_mode(root, rates or [rate], warmup, seconds, profile)
+        if rates:
+            print(highest_sustained(runs), flush=True)
 
 
 def bench(root: str, mode: str, count: int, rate: float, seconds: float, profile: str) -> None:
@@ -393,20 +713,41 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default="bench/work", help="wiped and rewritten by every mode")
     p.add_argument(
         "--mode",
-        choices=["all", "throughput", "latency", "scale"],
+        choices=["all", "throughput", "latency", "scale", "kafka"],
         default="all",
-        help="all: throughput and latency; scale: whole backtests of 1M and 5M records in one file",
+        help="all: throughput and latency; scale: whole backtests of 1M and 5M records in one file; kafka: "
+        "`fraudrules run` on a local broker, alerts timed from the producer's send to the consumer's receive",
     )
     p.add_argument("--profile", choices=PROFILES, default="local", help="local: a laptop's; cluster: the bundle's")
     p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput mode")
-    p.add_argument("--rate", type=float, default=1_000.0, help="transactions/s of the latency mode")
-    p.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the latency mode")
+    p.add_argument("--rate", type=float, default=1_000.0, help="transactions/s of the latency and kafka modes")
+    p.add_argument(
+        "--rates",
+        type=_rates,
+        help="kafka mode: these rates in turn (e.g. 1000,2000,5000), a fresh job each, then the highest one with "
+        f"p99 <= {SUSTAINED_P99_MS / 1000:g} s",
+    )
+    p.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the latency and kafka modes")
+    p.add_argument("--warmup", type=float, default=40.0, help="kafka mode: seconds of input not measured first")
     p.add_argument("--schema", choices=sorted(SCHEMAS), default="default", help="event schema, workload and rules")
     a = p.parse_args(argv)
     global SCHEMA
     SCHEMA = a.schema
-    main(a.data_dir, a.mode, a.count, a.rate, a.seconds, a.profile)
+    if a.rates and a.mode != "kafka":
+        p.error("--rates is for --mode kafka")
+    main(a.data_dir, a.mode, a.count, a.rate, a.seconds, a.profile, a.rates, a.warmup)
     return 0
+
+
+def _rates(text: str) -> list[float]:
+    """`--rates 1000,2000,5000`: positive numbers."""
+    try:
+        rates = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of rates") from None
+    if not rates or min(rates) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: rates must be positive")
+    return rates
 
 
 if __name__ == "__main__":

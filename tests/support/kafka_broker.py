@@ -8,7 +8,7 @@ The broker runs from Maven Central jars (jvm/kafka-broker/pom.xml) as a child JV
 
 The tests start it so; `tools/kafka_local.py` is its command line (`make kafka`, `make run SOURCE=kafka`). The
 broker needs only the stdlib (readiness is checked with a raw Kafka Metadata request); the client
-helpers (topics, produce, consume) import confluent-kafka when called.
+helpers (topics, produce, consume, a tail that reads a topic as messages arrive) import confluent-kafka when called.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -362,6 +364,26 @@ def create_topics(bootstrap: str, topics: list[str], partitions: int = 1, timeou
         except Exception as err:  # a concurrent creator is fine
             if "TOPIC_ALREADY_EXISTS" not in str(err):
                 raise RuntimeError(f"cannot create topic {topic}: {err}") from err
+    # Created is not yet served: until each partition has a leader, reads of it fail (NOT_LEADER_FOR_PARTITION).
+    deadline = time.monotonic() + timeout_s
+    while True:
+        served = admin.list_topics(timeout=timeout_s).topics
+        waiting = [t for t in dict.fromkeys(topics) if t and not _led(served.get(t))]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics {', '.join(waiting)} have no leader after {timeout_s}s")
+        time.sleep(0.1)
+
+
+def _led(topic) -> bool:
+    """Whether a topic's metadata shows it with partitions, each with a leader."""
+    return (
+        topic is not None
+        and topic.error is None
+        and bool(topic.partitions)
+        and all(p.leader >= 0 for p in topic.partitions.values())
+    )
 
 
 def produce(bootstrap: str, topic: str, values: list, key: str | None = None, timeout_s: float = 60) -> int:
@@ -385,18 +407,40 @@ def produce(bootstrap: str, topic: str, values: list, key: str | None = None, ti
     return len(values)
 
 
-def consume_all(bootstrap: str, topic: str, timeout_s: float = 120) -> list:
-    """Every message of a topic, all partitions, from the start up to the end offsets at the time of the call."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+def _reader(bootstrap: str, **extra: object):
+    """A confluent-kafka consumer of its own throw-away group that commits nothing (it reads by assignment)."""
+    from confluent_kafka import Consumer
 
     group = f"fraudrules-read-{time.time_ns()}"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, **extra})
+
+
+def _end_offsets(consumer, topic: str, timeout_s: float) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+    if meta.error is not None:
+        raise RuntimeError(f"topic {topic}: {meta.error}")
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in meta.partitions}
+
+
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 60) -> dict[int, int]:
+    """The end offset of each partition of a topic (what a reader has read all of when it gets there)."""
+    consumer = _reader(bootstrap)
+    try:
+        return _end_offsets(consumer, topic, timeout_s)
+    finally:
+        consumer.close()
+
+
+def consume_all(bootstrap: str, topic: str, timeout_s: float = 120) -> list:
+    """Every message of a topic, all partitions, from the start up to the end offsets at the time of the call."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    consumer = _reader(bootstrap)
     messages = []
     try:
-        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in meta.partitions
-        }
+        ends = _end_offsets(consumer, topic, timeout_s)
         todo = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
         deadline = time.monotonic() + timeout_s
@@ -414,3 +458,53 @@ def consume_all(bootstrap: str, topic: str, timeout_s: float = 120) -> list:
     finally:
         consumer.close()
     return messages
+
+
+class TopicTail(threading.Thread):
+    """Reads every partition of a topic (created and led: see create_topics) from its beginning as messages arrive,
+    until stop(), handing each message and the wall-clock time (ms) it was received to `on_message` (called on this
+    thread).
+
+    For latency measurements: the broker answers a fetch as soon as a message is there, and the reader asks again
+    at once. A failed read ends the thread with `error` set.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, on_message: Callable[[object, int], None], timeout_s: float = 60):
+        super().__init__(daemon=True, name=f"kafka-tail-{topic}")
+        self.bootstrap, self.topic, self.on_message, self.timeout_s = bootstrap, topic, on_message, timeout_s
+        self.read: dict[int, int] = {}  # partition -> next offset to read
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join()
+
+    def caught_up(self, ends: dict[int, int]) -> bool:
+        """Whether everything up to `ends` (end_offsets of the topic at some moment) has been read."""
+        return all(self.read.get(p, 0) >= end for p, end in ends.items())
+
+    def run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        try:
+            consumer = _reader(self.bootstrap, **{"fetch.wait.max.ms": 100})
+        except BaseException as err:  # reported through `error`
+            self.error = err
+            return
+        try:
+            partitions = consumer.list_topics(self.topic, timeout=self.timeout_s).topics[self.topic].partitions
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+            while not self._halt.is_set():
+                messages = consumer.consume(num_messages=1_000, timeout=0.1)
+                received_ms = int(time.time() * 1000)
+                for msg in messages:
+                    if msg.error():
+                        raise RuntimeError(f"consuming {self.topic}: {msg.error()}")
+                    self.on_message(msg, received_ms)
+                    self.read[msg.partition()] = msg.offset() + 1
+        except BaseException as err:  # reported through `error`
+            self.error = err
+        finally:
+            consumer.close()
