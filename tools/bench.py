@@ -9,8 +9,9 @@ For the median micro-batch of each mode it prints where the time went. Scale (`-
 `fraudrules backtest` commands over one file of 1,000,000 and 5,000,000 records, their wall time and the peak
 memory of their process trees.
 
-Kafka end to end (`--mode kafka`, the figure users see): a local single-node broker (tests/support/kafka_broker.py)
-and the job as production runs it, `fraudrules run --no-generator --source kafka` in a child process with the bench rules.
+Kafka end to end (`--mode kafka`, the figure users see): a local single-node broker
+(tests/support/kafka_broker.py) and the job as production runs it, `fraudrules run --no-generator --source kafka`
+in a child process with the bench rules.
 A producer sends the workload at `--rate` tx/s in small batches (every 15 ms), each record's ingestionTimestamp the
 wall clock at send; a consumer reads the alerts topic as alerts arrive. An alert's latency is its receive time minus
 its transaction's stamp (carried in the alert), over the transactions sent in `--seconds` after `--warmup` (which

@@ -58,7 +58,7 @@ class JobConfig:
     available_now: bool = False
     # At most this many records (lines of files, Kafka records) per micro-batch of each source, whatever the sizes
     # of the files: a backlog or a big file is absorbed in bounded micro-batches, in bounded memory.
-    max_records_per_trigger: int = 100_000
+    max_records_per_trigger: int = 50_000
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
     logins: bool = False  # also run the login anomaly detector (seed 000)
     logins_source: str | None = None  # folder of login-event JSON-lines files; default <data>/landing/logins

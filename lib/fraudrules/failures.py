@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from fraudrules.local_runtime import DRIVER_MEMORY_ENV, driver_memory
+from fraudrules.local_runtime import DRIVER_MEMORY_ENV, launched_heap
 
 JVM_OUT_OF_MEMORY = 52  # SparkExitCode.OOM
 BATCH_HINT = "smaller micro-batches with --max-records-per-trigger"
@@ -58,7 +58,7 @@ def explain(err: BaseException, status: int | None = None) -> str | None:
     text = "\n".join(f"{type(e).__name__}: {e}" for e in _chain(err))
     heap = (
         f"the Spark JVM ran out of heap memory (java.lang.OutOfMemoryError); give it more with "
-        f"{DRIVER_MEMORY_ENV} (now {driver_memory()}) or use {BATCH_HINT}"
+        f"{DRIVER_MEMORY_ENV} (now {launched_heap()}) or use {BATCH_HINT}"
     )
     if status is not None:
         if status == JVM_OUT_OF_MEMORY or "java.lang.OutOfMemoryError" in text:
@@ -66,7 +66,7 @@ def explain(err: BaseException, status: int | None = None) -> str | None:
         if status == -signal.SIGKILL:
             return (
                 "the Spark JVM was killed (SIGKILL), most likely by the system's out-of-memory killer; free memory, "
-                f"lower {DRIVER_MEMORY_ENV} (now {driver_memory()}) or use {BATCH_HINT}"
+                f"lower {DRIVER_MEMORY_ENV} (now {launched_heap()}) or use {BATCH_HINT}"
             )
         how = f"signal {-status}" if status < 0 else f"status {status}"
         return f"the Spark JVM exited unexpectedly ({how}); run again with --verbose to see its log"

@@ -44,10 +44,29 @@ BACKGROUND_NICE = (
 )
 
 
-def driver_memory() -> str:
-    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 3g. The heap grows to its maximum under the job's
-    allocation rate and stays there, so the default is what `make bench` needs, not more (docs/performance.md)."""
-    return os.environ.get(DRIVER_MEMORY_ENV) or "3g"
+# A short-lived session's heap holds one bounded micro-batch at a time (`max_records_per_trigger`), a few hundred MB
+# at most; the serial collector keeps committed what it uses (G1 grew a backtest's 768 MB heap to its maximum while
+# using ~200 MB of it). Long-lived sessions keep G1 and a bigger heap, for the job's allocation rate.
+SHORT_LIVED_HEAP = "768m"
+SHORT_LIVED_GC = ("-XX:+UseSerialGC",)
+_launched: list[str] = []  # the heap of the JVM this process launched
+
+
+def driver_memory(short_lived: bool = False) -> str:
+    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 768m for a short-lived session (a command or a
+    notebook), 3g for the continuous job (the heap grows to its maximum under the job's allocation rate and stays
+    there, so that is what `make bench` needs, not more: docs/performance.md)."""
+    return os.environ.get(DRIVER_MEMORY_ENV) or (SHORT_LIVED_HEAP if short_lived else "3g")
+
+
+def launched(heap: str) -> None:
+    """Note the heap of the JVM this process is launching (what a failure report names)."""
+    _launched[:] = [heap]
+
+
+def launched_heap() -> str:
+    """The heap of the JVM this process launched, else what a new long-lived one would get."""
+    return _launched[0] if _launched else driver_memory()
 
 
 def lower_priority(spark: SparkSession) -> None:
@@ -70,7 +89,7 @@ def local_fs_options(master: str) -> dict[str, str]:
 def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
     """The local driver JVM's options: logging, thread niceness, the class-data archive (when there is one; an
     archive that does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived
-    sessions, Derby's home (its log) in the local catalog's folder."""
+    sessions and their serial collector, Derby's home (its log) in the local catalog's folder."""
     archive = jars_file(CLASS_ARCHIVE)
     options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
     if catalog:
@@ -80,5 +99,5 @@ def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
     elif archive and os.path.exists(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     if short_lived:
-        options.extend(C1_ONLY)
+        options.extend((*C1_ONLY, *SHORT_LIVED_GC))
     return " ".join(options)

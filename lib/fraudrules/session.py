@@ -132,7 +132,7 @@ def get_spark(
             .config("spark.jars", ",".join(local_jars()))
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            .config("spark.driver.memory", local_runtime.driver_memory())
+            .config("spark.driver.memory", local_runtime.driver_memory(short_lived))
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -154,9 +154,10 @@ def get_spark(
         for key, value in local_catalog_options(catalog).items() if catalog else ():
             builder = builder.config(key, value)
         new_jvm = SparkContext._gateway is None
-        if new_jvm:  # a class path is the JVM's from its launch: only for a new one
+        if new_jvm:  # a class path and a heap are the JVM's from its launch: only for a new one
             for key, value in local_runtime.local_fs_options(master).items():
                 builder = builder.config(key, value)
+            local_runtime.launched(local_runtime.driver_memory(short_lived))
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()
         logs.quiet_python_workers(spark)

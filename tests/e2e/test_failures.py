@@ -54,7 +54,7 @@ def test_a_killed_jvm_ends_a_backtest_with_one_line(tmp_path):
     assert proc.returncode == 1, (proc.returncode, err[-3000:])
     assert err.splitlines() == [
         "fraudrules backtest: the Spark JVM was killed (SIGKILL), most likely by the system's out-of-memory killer; "
-        "free memory, lower FRAUDRULES_DRIVER_MEMORY (now 3g) or use smaller micro-batches with "
+        "free memory, lower FRAUDRULES_DRIVER_MEMORY (now 768m) or use smaller micro-batches with "
         "--max-records-per-trigger"
     ], err[-3000:]
     assert "Traceback" not in out
