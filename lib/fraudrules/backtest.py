@@ -8,6 +8,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from fraudrules import tables
@@ -39,7 +40,8 @@ ALERT_FIELDS = (
 )
 
 
-WRITE_ROWS = 10_000
+WRITE_ROWS = 10_000  # alerts as Python objects at a time while they are written
+ORDER = ("ruleId", "transactionId", "userId", "eventTimeMs")
 
 
 @dataclass
@@ -119,16 +121,21 @@ def _per_rule(writer: tables.TableWriter, table: str) -> dict[int, int]:
 
 def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value, and
-    `eventTime` as an ISO timestamp beside the exact `eventTimeMs`."""
-    order = [(c, "ascending", "at_start") for c in ("ruleId", "transactionId", "userId", "eventTimeMs")]
-    rows = tables.writer(spark, cfg).arrow("alerts", ALERT_FIELDS).sort_by(order)  # nulls first, as Spark sorts
+    `eventTime` as an ISO timestamp beside the exact `eventTimeMs`.
+
+    One rule's alerts at a time (a scan each), sorted there: the driver holds a rule's alerts, not all of them."""
+    writer = tables.writer(spark, cfg)
+    order = [(c, "ascending", "at_start") for c in ORDER]  # nulls first, as Spark sorts
     n = 0
     with open(out, "w", encoding="utf-8") as fh:
-        for batch in rows.to_batches(max_chunksize=WRITE_ROWS):  # Python objects for a slice at a time
-            for record in batch.to_pylist():
-                record["key"] = json.loads(record["key"])
-                record["details"] = json.loads(record["details"]) if record["details"] else None
-                record["eventTime"] = iso_time(record["eventTimeMs"])
-                fh.write(to_json_line(record) + "\n")
-                n += 1
+        for rule_id in sorted(_per_rule(writer, "alerts")):
+            rows = writer.arrow("alerts", ALERT_FIELDS, where=("ruleId", rule_id))
+            ordered = pc.sort_indices(rows.select(list(ORDER)), sort_keys=order)
+            for start in range(0, len(ordered), WRITE_ROWS):  # Python objects for a slice at a time
+                for record in rows.take(ordered[start : start + WRITE_ROWS]).to_pylist():
+                    record["key"] = json.loads(record["key"])
+                    record["details"] = json.loads(record["details"]) if record["details"] else None
+                    record["eventTime"] = iso_time(record["eventTimeMs"])
+                    fh.write(to_json_line(record) + "\n")
+                    n += 1
     return n

@@ -273,8 +273,11 @@ class TableWriter(ABC):
         """Replace the table's rows in one commit."""
 
     @abstractmethod
-    def arrow(self, name: str, columns: Sequence[str] | None = None) -> pa.Table:
-        """A (small) table's rows as Arrow: timestamps in UTC, decimals exact."""
+    def arrow(
+        self, name: str, columns: Sequence[str] | None = None, where: tuple[str, object] | None = None
+    ) -> pa.Table:
+        """A (small) table's rows as Arrow: timestamps in UTC, decimals exact; `where` = (column, value): only the
+        rows with that value."""
 
     @abstractmethod
     def count(self, name: str) -> int:
@@ -318,12 +321,15 @@ class DeltaRsWriter(TableWriter):
         )
         write_deltalake(table, data, mode=mode, commit_properties=properties)
 
-    def arrow(self, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+    def arrow(
+        self, name: str, columns: Sequence[str] | None = None, where: tuple[str, object] | None = None
+    ) -> pa.Table:
         # Arrow's own local filesystem reads the files: scanned through delta-rs's, a process sometimes aborted
         # at exit ("terminate called without an active exception", 2 short scripts in 12)
         files = pafs.SubTreeFileSystem(self.cfg.table(name), pafs.LocalFileSystem())  # an absolute path
         dataset = self.table(name).to_pyarrow_dataset(filesystem=files)
-        return pa.table(dataset.to_table(columns=list(columns) if columns else None))
+        matching = None if where is None else pc.field(where[0]) == where[1]
+        return pa.table(dataset.to_table(columns=list(columns) if columns else None, filter=matching))
 
     def count(self, name: str) -> int:
         """From the data files' statistics when every file has them, else by reading the table."""
@@ -357,8 +363,11 @@ class SparkWriter(TableWriter):
         else:
             writer.save(self.cfg.table(name))
 
-    def arrow(self, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+    def arrow(
+        self, name: str, columns: Sequence[str] | None = None, where: tuple[str, object] | None = None
+    ) -> pa.Table:
         df = read(self.spark, self.cfg, name)
+        df = df if where is None else df.where(F.col(where[0]) == F.lit(where[1]))
         return (df.select(*columns) if columns else df).toArrow()
 
     def count(self, name: str) -> int:
