@@ -38,15 +38,14 @@ $(JARS)/spark/.resolved: jvm/spark/pom.xml
 	touch $@
 
 # Hadoop's local file system without a forked `chmod` for every file it creates (jvm/localfs; see
-# lib/fraudrules/local_runtime.py), compiled against the Hadoop API jar of the pyspark wheel. Optional: without
-# it local sessions only write their checkpoint, state and Parquet files slower.
-LOCALFS_SOURCES := $(wildcard jvm/localfs/src/io/fraudrules/hadoop/*.java)
-HADOOP_API = $(BIN)/python -c 'import glob, os, pyspark; print(*glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar")), sep=":")'
-$(JARS)/spark/driver/.built: $(LOCALFS_SOURCES) $(VENV)/.installed
-	rm -rf $(JARS)/spark/driver && mkdir -p $(JARS)/spark/driver/classes
-	{ javac -nowarn --release 17 -d $(JARS)/spark/driver/classes -cp "$$($(HADOOP_API))" $(LOCALFS_SOURCES) \
-	  && jar cf $(JARS)/spark/driver/fraudrules-localfs.jar -C $(JARS)/spark/driver/classes io; } \
-	  || echo "no fraudrules-localfs.jar (javac or jar failed): local sessions fork chmod for every file they create"
+# lib/fraudrules/local_runtime.py), built by Maven against the Hadoop client API of the pyspark wheel. Optional:
+# without it local sessions only write their checkpoint, state and Parquet files slower.
+LOCALFS_SOURCES := $(wildcard jvm/localfs/src/io/fraudrules/hadoop/*.java) jvm/localfs/pom.xml
+$(JARS)/spark/driver/.built: $(LOCALFS_SOURCES)
+	rm -rf $(JARS)/spark/driver && mkdir -p $(JARS)/spark/driver
+	{ mvn -q -B -f jvm/localfs/pom.xml package -Dbuild.dir=$(abspath $(JARS))/spark/driver/build > $(JARS)/localfs.log 2>&1 \
+	  && cp $(JARS)/spark/driver/build/fraudrules-localfs.jar $(JARS)/spark/driver/; } \
+	  || echo "no fraudrules-localfs.jar (mvn failed, see $(JARS)/localfs.log): local sessions fork chmod for every file they create"
 	touch $@
 
 # The local JVM's class-data archive (lib/fraudrules/local_runtime.py, tools/class_archive.py): a backtest of the

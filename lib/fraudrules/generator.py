@@ -276,10 +276,12 @@ class RateWriter(PacedWriter):
 
 
 def kafka_producer(bootstrap: str, **extra: object):
-    """An idempotent confluent-kafka producer (imported here only: the Kafka mode is optional)."""
+    """An idempotent confluent-kafka producer (imported here only: the Kafka mode is optional). librdkafka's own
+    log says errors only: its warnings are retries it makes itself (a fresh broker's "Coordinator load in
+    progress"), and a message it cannot deliver fails its delivery anyway."""
     from confluent_kafka import Producer
 
-    config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5}
+    config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5, "log_level": 3}
     return Producer({**config, **extra})
 
 

@@ -15,7 +15,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.skipif(
         not os.path.exists(os.path.join(jars_folder(), LOCAL_FS_JAR)),
-        reason="jvm/localfs not built (make setup says why: no javac?)",
+        reason="jvm/localfs not built (make setup says why: .jars/localfs.log)",
     ),
 ]
 

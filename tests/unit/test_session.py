@@ -37,7 +37,7 @@ def test_only_the_lowest_java_priority_is_niced():
     ("master", "built", "expected"),
     [
         ("local[2]", True, {"spark.hadoop.fs.file.impl": local_runtime.LOCAL_FS}),
-        ("local[2]", False, {}),  # not built (no javac): Hadoop's own local file system
+        ("local[2]", False, {}),  # not built (Maven failed): Hadoop's own local file system
         ("local[*]", True, {"spark.hadoop.fs.file.impl": local_runtime.LOCAL_FS}),
         ("local", True, {"spark.hadoop.fs.file.impl": local_runtime.LOCAL_FS}),
         ("local-cluster[2,1,1024]", True, {}),  # executors in other JVMs would not have the class
