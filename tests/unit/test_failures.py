@@ -6,7 +6,7 @@ import signal
 
 from py4j.protocol import Py4JNetworkError
 
-from fraudrules import failures
+from fraudrules import failures, local_runtime
 
 
 def chained(outer: BaseException, inner: BaseException) -> BaseException:
@@ -21,6 +21,7 @@ def chained(outer: BaseException, inner: BaseException) -> BaseException:
 
 def test_a_jvm_that_ran_out_of_heap(monkeypatch):
     monkeypatch.setenv("FRAUDRULES_DRIVER_MEMORY", "1g")
+    monkeypatch.setattr(local_runtime, "_launched", [])  # no JVM launched: the heap a new one would get
     empty = Py4JNetworkError("Answer from Java side is empty")
     lost = chained(ConnectionRefusedError(111, "Connection refused"), empty)
     line = failures.explain(lost, status=failures.JVM_OUT_OF_MEMORY)
@@ -45,3 +46,11 @@ def test_a_python_worker_that_died_while_the_jvm_lives():
 
 def test_other_errors_are_not_explained_away():
     assert failures.explain(ValueError("a bug"), status=None) is None
+
+
+def test_the_heap_named_is_the_launched_jvms(monkeypatch):
+    monkeypatch.setenv("FRAUDRULES_DRIVER_MEMORY", "1g")
+    monkeypatch.setattr(local_runtime, "_launched", [])
+    local_runtime.launched("768m")
+    line = failures.explain(Py4JNetworkError("Answer from Java side is empty"), status=failures.JVM_OUT_OF_MEMORY)
+    assert "FRAUDRULES_DRIVER_MEMORY (now 768m)" in line

@@ -25,6 +25,18 @@ def test_the_jit_keeps_a_full_size_code_cache(short_lived):
     assert int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
 
 
+@pytest.mark.parametrize("short_lived", [False, True])
+def test_short_lived_sessions_keep_a_small_heap_committed_as_used(short_lived, monkeypatch):
+    """A command's heap holds one bounded micro-batch: 768m with the serial collector (G1 grew it to its maximum);
+    the continuous job keeps G1 and 3g. FRAUDRULES_DRIVER_MEMORY overrides both."""
+    monkeypatch.delenv(local_runtime.DRIVER_MEMORY_ENV, raising=False)
+    flags = final_flags(local_runtime.jvm_options(short_lived))
+    assert (flags["UseSerialGC"], flags["UseG1GC"]) == (("true", "false") if short_lived else ("false", "true"))
+    assert local_runtime.driver_memory(short_lived) == ("768m" if short_lived else "3g")
+    monkeypatch.setenv(local_runtime.DRIVER_MEMORY_ENV, "2g")
+    assert local_runtime.driver_memory(short_lived) == "2g"
+
+
 def test_only_the_lowest_java_priority_is_niced():
     """Background threads (Thread.MIN_PRIORITY) run at nice 19; every other priority maps to nice 0."""
     flags = final_flags(local_runtime.jvm_options(short_lived=False))
