@@ -451,9 +451,12 @@ def test_quality_task_runs_a_cli_command(bundle):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebooks_are_stored_clean(path):
-    """No outputs in git; a title, a tagged parameters cell calling notebook.params, one config cell."""
+    """No outputs in git, an id on every cell (nbformat 4.5 requires them); a title, a tagged parameters cell calling
+    notebook.params, one config cell."""
     nb = json.loads(path.read_text())
     cells = nb["cells"]
+    ids = [cell.get("id") for cell in cells]
+    assert all(ids) and len(set(ids)) == len(ids), "cells without an id, or with the same one"
     assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
     for cell in cells:
         if cell["cell_type"] == "code":
