@@ -69,7 +69,9 @@ def resolve_jars(cache_dir: Path, pom: Path) -> Path:
         f"-DoutputDirectory={cache_dir.resolve()}",
         "-DincludeScope=runtime",
     ]
-    subprocess.run(cmd, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)  # Maven's quiet mode still prints colour resets
+    if done.returncode != 0:
+        raise RuntimeError(f"Maven could not resolve the Kafka jars: {(done.stdout + done.stderr).strip()[-2000:]}")
     marker.write_text(f"{pom.resolve()}\n")
     return cache_dir
 

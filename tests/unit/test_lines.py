@@ -120,6 +120,22 @@ def test_any_files_any_bound_any_block(tmp_path_factory, texts, final_newline, b
         lines.BLOCK = 8 << 20
 
 
+def test_small_files_are_packed_into_partitions_and_big_ones_split(tmp_path):
+    """A continuous job's micro-batch holds the small files that landed since the last one: one partition (one
+    Python task) for all of them, as Spark's file source packs them; a file bigger than a partition is split."""
+    small = [write(tmp_path / "in", f"s{i}.json", b"{}\n" * 3, 1_000 + i) for i in range(8)]  # 9 bytes each
+    big = write(tmp_path / "in", "big.json", b"{}\n" * 30, 2_000)  # 90 bytes
+    r = reader(tmp_path / "in", tmp_path / "ledger", partitionBytes="40")
+    start = r.initialOffset()
+    bundles = r.partitions(start, r.latestOffset(start, ReadAllAvailable()))
+    sizes = [[s.end - s.start for s in b.segments] for b in bundles]
+    assert sizes[:2] == [[9, 9, 9, 9], [9, 9, 9, 9]]  # 8 small files, 2 partitions of at most 40 bytes
+    assert all(len(b) == 1 and 40 <= b[0] <= 42 for b in sizes[2:4]) and sum(map(sum, sizes[2:])) == 90
+    assert [name for name, _, _ in drain(reader(tmp_path / "in", tmp_path / "again"))[0]] == [
+        name for name, _, _ in literal([*small, big])
+    ]
+
+
 def test_a_file_landing_late_with_an_old_time_is_still_read(tmp_path, landing):
     r = reader(tmp_path / "in", tmp_path / "ledger")
     first = drain(r)

@@ -3,7 +3,8 @@
 Spark's own file source admits whole files: one 1 GB file is one micro-batch, parsed, keyed and evaluated at once
 (a 1,000,000-record file took 6.5 GiB). This source (a Python data source, `spark.readStream.format(NAME)`) admits
 at most `maxRecordsPerTrigger` lines or `maxBytesPerTrigger` bytes per micro-batch, ending a batch inside a file
-when the bound says so; a micro-batch's range is split into partitions of about `partitionBytes`, read in parallel.
+when the bound says so; a micro-batch's range is cut into partitions of about `partitionBytes` (big files split,
+small ones packed together), read in parallel.
 
 Rows: `value` (the line's bytes), `srcTime` (the file's modification time, ms), `srcName` (the file's URI) and
 `srcPos` (the line's number in its file, from 0; blank lines keep their number and are dropped downstream).
@@ -74,7 +75,7 @@ class Position:
 
 
 @dataclass(frozen=True)
-class Segment(InputPartition):
+class Segment:
     """Lines of one file in [start, end) bytes, the first being line `line`."""
 
     uri: str
@@ -83,6 +84,15 @@ class Segment(InputPartition):
     start: int
     end: int
     line: int
+
+
+@dataclass(frozen=True)
+class Bundle(InputPartition):
+    """One partition: consecutive segments of about `partitionBytes` in all. Small files are packed together, as
+    Spark's file source packs them: one task per file would cost a Python task each (a continuous job's
+    micro-batch holds the few small files that landed since the last one)."""
+
+    segments: tuple[Segment, ...]
 
 
 def open_fs(location: str) -> tuple[pafs.FileSystem, str]:
@@ -320,9 +330,9 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         position = Position(at.file + 1, 0, 0) if done >= entry.size else Position(at.file, done, at.line + lines)
         return position, (lines, done - at.byte)
 
-    def partitions(self, start: dict, end: dict) -> list[Segment]:
+    def partitions(self, start: dict, end: dict) -> list[Bundle]:
         first, last = Position.of(start), Position.of(end)
-        segments = []
+        segments: list[Segment] = []
         for index in range(first.file, min(last.file, self.ledger.end - 1) + 1):
             entry = self.ledger.entry(index)
             lo = first.byte if index == first.file else 0
@@ -330,7 +340,19 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             line = first.line if index == first.file else 0
             if hi > lo:
                 segments.extend(self._split(entry, lo, hi, line))
-        return segments
+        return self._packed(segments)
+
+    def _packed(self, segments: list[Segment]) -> list[Bundle]:
+        """Consecutive segments in bundles of at most `partition_bytes` (a bigger segment alone)."""
+        bundles: list[list[Segment]] = []
+        size = 0
+        for seg in segments:
+            if not bundles or size + seg.end - seg.start > self.partition_bytes:
+                bundles.append([])
+                size = 0
+            bundles[-1].append(seg)
+            size += seg.end - seg.start
+        return [Bundle(tuple(b)) for b in bundles]
 
     def _split(self, entry: FileEntry, lo: int, hi: int, line: int) -> list[Segment]:
         """[lo, hi) of a file as segments of about `partition_bytes`, each cut after a newline."""
@@ -351,8 +373,13 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         self.committed = Position.of(end).file
 
-    def read(self, partition: Segment) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: Bundle) -> Iterator[pa.RecordBatch]:
         fs, _ = open_fs(self.location)
+        for segment in partition.segments:
+            yield from self._read(fs, segment)
+
+    @classmethod
+    def _read(cls, fs: pafs.FileSystem, partition: Segment) -> Iterator[pa.RecordBatch]:
         with fs.open_input_file(partition.path) as fh:
             at, line = partition.start, partition.line
             while at < partition.end:
@@ -366,7 +393,7 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         ends = newline_ends(data)
                 if not len(ends) or ends[-1] != len(data):
                     ends = np.r_[ends, len(data)]
-                yield self._batch(data, ends, partition, line)
+                yield cls._batch(data, ends, partition, line)
                 at, line = at + len(data), line + len(ends)
 
     @staticmethod
