@@ -136,6 +136,16 @@ def test_small_files_are_packed_into_partitions_and_big_ones_split(tmp_path):
     ]
 
 
+def test_a_big_batch_of_small_files_is_read_in_two_partitions_at_least(tmp_path, monkeypatch):
+    monkeypatch.setattr(lines, "MIN_SPLIT", 20)
+    for i in range(8):
+        write(tmp_path / "in", f"s{i}.json", b"{}\n" * 3, 1_000 + i)  # 72 bytes in all: halves of 36
+    r = reader(tmp_path / "in", tmp_path / "ledger")  # partitions of 32 MiB
+    start = r.initialOffset()
+    bundles = r.partitions(start, r.latestOffset(start, ReadAllAvailable()))
+    assert [len(b.segments) for b in bundles] == [4, 4]
+
+
 def test_a_file_landing_late_with_an_old_time_is_still_read(tmp_path, landing):
     r = reader(tmp_path / "in", tmp_path / "ledger")
     first = drain(r)

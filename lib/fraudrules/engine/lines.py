@@ -46,6 +46,7 @@ SCHEMA = "value binary, srcTime long, srcName string, srcPos long"
 START = {"file": 0, "byte": 0, "line": 0}
 BLOCK = 8 << 20  # bytes read at a time when counting lines, and per Arrow batch a partition yields
 PARTITION_BYTES = 32 << 20
+MIN_SPLIT = 4 << 20  # a micro-batch of twice this or more is read in two partitions at least (Spark's openCostInBytes)
 COMPACT_AFTER = 64  # ledger files before they are merged into one
 MAX_FILE_AGE_MS = 7 * 24 * 3600 * 1000  # Spark's file source default (`maxFileAge`)
 NEWLINE = 10
@@ -343,11 +344,14 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._packed(segments)
 
     def _packed(self, segments: list[Segment]) -> list[Bundle]:
-        """Consecutive segments in bundles of at most `partition_bytes` (a bigger segment alone)."""
+        """Consecutive segments in bundles of at most `partition_bytes` (a bigger segment alone), and of half the
+        micro-batch when that is smaller but not below MIN_SPLIT: two cores read a big batch of small files."""
+        total = sum(seg.end - seg.start for seg in segments)
+        target = min(self.partition_bytes, max(MIN_SPLIT, -(-total // 2)))
         bundles: list[list[Segment]] = []
         size = 0
         for seg in segments:
-            if not bundles or size + seg.end - seg.start > self.partition_bytes:
+            if not bundles or size + seg.end - seg.start > target:
                 bundles.append([])
                 size = 0
             bundles[-1].append(seg)
