@@ -158,6 +158,7 @@ def get_spark(
             for key, value in local_runtime.local_fs_options(master).items():
                 builder = builder.config(key, value)
             local_runtime.launched(local_runtime.driver_memory(short_lived))
+            local_runtime.malloc_env()
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()
         logs.quiet_python_workers(spark)

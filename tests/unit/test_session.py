@@ -1,5 +1,6 @@
 """The local driver JVM's options, checked against the JDK that runs them; where a session finds its jars."""
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -82,3 +83,14 @@ def test_an_editable_install_finds_its_repositorys_jars_from_any_folder(tmp_path
         f"no jars in {tmp_path / 'elsewhere'}: run `make setup` in the repository, or point FRAUDRULES_JARS at a "
         "folder of them"
     )
+
+
+def test_the_malloc_setting_for_a_launched_jvm_keeps_what_the_environment_says(monkeypatch):
+    """A local JVM and its Python workers get glibc's fixed mmap threshold, unless the environment sets one."""
+    ((key, value),) = local_runtime.MALLOC_ENV.items()
+    monkeypatch.delenv(key, raising=False)
+    local_runtime.malloc_env()
+    assert os.environ[key] == value == "1048576"
+    monkeypatch.setenv(key, "65536")
+    local_runtime.malloc_env()
+    assert os.environ[key] == "65536"
