@@ -223,8 +223,10 @@ class Resets:
 
 
 class Indexed:
-    """A chunk's events (sorted by group, then time) with what range queries over them need: the groups, a
-    (group, time) search key, prefix sums of the values and, built when first asked, min/max trees."""
+    """A chunk's events (sorted by group, then time) with what range queries over them need. Per group: its
+    first position, size, time span and (when first asked) aggregates, which answer every query whose window
+    holds all of the group's events in the chunk, the common case of long windows. Queries that cut a group
+    use a (group, time) search key, prefix sums and min/max trees, built when first asked."""
 
     def __init__(self, ev: Events):
         self.ev = ev
@@ -232,12 +234,49 @@ class Indexed:
         starts = np.r_[True, (ev.g[1:] != ev.g[:-1]) | (ev.h2[1:] != ev.h2[:-1])] if n else np.zeros(0, dtype=bool)
         self.first = np.flatnonzero(starts)
         self.first_g, self.first_h2 = ev.g[self.first], ev.h2[self.first]
-        self.tmin = int(ev.t.min()) if n else 0
-        self.span = int(ev.t.max()) - self.tmin + 1 if n else 1
-        self.key = (np.cumsum(starts) - 1) * self.span + (ev.t - self.tmin)
-        safe = n == 0 or int(np.abs(ev.val).max()) * n < 2**62
-        self.cum = np.r_[0, np.cumsum(ev.val if safe else ev.val.astype(object))]
-        self._trees: dict[str, tuple[np.ndarray, int]] = {}
+        self.size = np.diff(np.r_[self.first, n])
+        self.t_first, self.t_last = ev.t[self.first], ev.t[self.first + self.size - 1]
+        self.tmin = int(self.t_first.min()) if n else 0
+        self.span = int(self.t_last.max()) - self.tmin + 1 if n else 1
+        self._built: dict[str, object] = {}
+
+    def _memo(self, name: str, build):
+        if name not in self._built:
+            self._built[name] = build()
+        return self._built[name]
+
+    @property
+    def key(self) -> np.ndarray:
+        """(group number, time) as one sortable int64: the search key of `ranges`."""
+        group = lambda: np.repeat(np.arange(len(self.first)), self.size)  # noqa: E731
+        return self._memo("key", lambda: group() * self.span + self.ev.t - self.tmin)
+
+    @property
+    def cum(self) -> np.ndarray:
+        """Prefix sums of the values (python ints where int64 could overflow)."""
+
+        def build() -> np.ndarray:
+            val = self.ev.val
+            safe = len(val) == 0 or int(np.abs(val).max()) * len(val) < 2**62
+            return np.r_[0, np.cumsum(val if safe else val.astype(object))]
+
+        return self._memo("cum", build)
+
+    def group_total(self, q: np.ndarray) -> np.ndarray:
+        """Sum of the values of each group q."""
+
+        def build() -> np.ndarray:
+            val = self.ev.val
+            if len(val) and int(np.abs(val).max()) * len(val) >= 2**62:
+                return self.cum[self.first + self.size] - self.cum[self.first]
+            return np.add.reduceat(val, self.first) if len(val) else np.zeros(0, dtype=np.int64)
+
+        return self._memo("group SUM", build)[q]
+
+    def group_extreme(self, name: str, q: np.ndarray) -> np.ndarray:
+        """MIN or MAX of the values of each group q."""
+        op = np.minimum if name == "MIN" else np.maximum
+        return self._memo(f"group {name}", lambda: op.reduceat(self.ev.val, self.first))[q]
 
     def groups_of(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """The chunk's group number of each (g, h2), -1 where it has none."""
@@ -256,18 +295,17 @@ class Indexed:
 
     def ranges(self, q: np.ndarray, t_from: np.ndarray, t_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions [lo, hi) of group q's events with t_from <= t <= t_to (empty where q is -1)."""
+        key = self.key
         qq = np.maximum(q, 0) * self.span
-        lo = np.searchsorted(self.key, qq + np.clip(t_from - self.tmin, 0, self.span), side="left")
-        hi = np.searchsorted(self.key, qq + np.clip(t_to - self.tmin, -1, self.span - 1), side="right")
+        lo = np.searchsorted(key, qq + np.clip(t_from - self.tmin, 0, self.span), side="left")
+        hi = np.searchsorted(key, qq + np.clip(t_to - self.tmin, -1, self.span - 1), side="right")
         hi = np.where(q >= 0, np.maximum(hi, lo), lo)
         return lo, hi
 
     def extreme(self, name: str, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """MIN or MAX of the values in each [lo, hi) (the identity where empty), from a segment tree."""
         op, identity = (np.minimum, I64_MAX) if name == "MIN" else (np.maximum, I64_MIN)
-        if name not in self._trees:
-            self._trees[name] = _tree(self.ev.val, op, identity)
-        tree, size = self._trees[name]
+        tree, size = self._memo(f"tree {name}", lambda: _tree(self.ev.val, op, identity))
         out = np.full(len(lo), identity, dtype=np.int64)
         left, right = lo + size, hi + size
         while (live := left < right).any():
@@ -418,20 +456,30 @@ class ShardEvents:
             name: per_rule(rules, new.rule, lambda r, n=name: r.aggregator == n and r.field not in COUNT_FIELDS, bool)
             for name in ("MIN", "MAX")
         }
+        t_from, t_to = new.t - window, new.t
+        # a batch has several events per group: look each group up once per chunk
+        run = np.r_[True, (new.g[1:] != new.g[:-1]) | (new.h2[1:] != new.h2[:-1])] if len(new) else np.zeros(0, bool)
+        run_of, heads = np.cumsum(run) - 1, np.flatnonzero(run)
         for c in self.meta.chunks:
             chunk = self.parts[c.id]
-            q = np.where(plain & (horizon <= c.id), chunk.groups_of(new.g, new.h2), -1)
-            lo, hi = chunk.ranges(q, new.t - window, new.t)
-            if not (hi > lo).any():
-                continue
-            out.count += hi - lo
-            out.total = _sum(out.total, chunk.cum[hi] - chunk.cum[lo])
-            for name, wanted in extremes.items():
-                if wanted.any():
-                    sel = np.flatnonzero(wanted & (hi > lo))
-                    values = chunk.extreme(name, lo[sel], hi[sel])
-                    target = out.low if name == "MIN" else out.high
-                    target[sel] = (np.minimum if name == "MIN" else np.maximum)(target[sel], values)
+            q = np.where(plain & (horizon <= c.id), chunk.groups_of(new.g[heads], new.h2[heads])[run_of], -1)
+            at = np.maximum(q, 0)
+            first, last = chunk.t_first[at], chunk.t_last[at]
+            whole = np.flatnonzero((q >= 0) & (first >= t_from) & (last <= t_to))
+            cut = np.flatnonzero((q >= 0) & (last >= t_from) & (first <= t_to) & ~((first >= t_from) & (last <= t_to)))
+            if len(whole):
+                _add_to(out, whole, chunk.size[q[whole]], chunk.group_total(q[whole]))
+                for name, wanted in extremes.items():
+                    sel = whole[wanted[whole]]
+                    if len(sel):
+                        _extreme_into(out, name, sel, chunk.group_extreme(name, q[sel]))
+            if len(cut):
+                lo, hi = chunk.ranges(q[cut], t_from[cut], t_to[cut])
+                _add_to(out, cut, hi - lo, chunk.cum[hi] - chunk.cum[lo])
+                for name, wanted in extremes.items():
+                    sel = np.flatnonzero(wanted[cut] & (hi > lo))
+                    if len(sel):
+                        _extreme_into(out, name, cut[sel], chunk.extreme(name, lo[sel], hi[sel]))
         return out
 
     def gather(self, g: np.ndarray) -> Events:
@@ -508,6 +556,20 @@ class ShardEvents:
     def _remove(self, c: Chunk) -> None:
         self.backend.remove_chunk(c.id)
         self.parts.pop(c.id, None)
+
+
+def _add_to(out: Base, at: np.ndarray, count: np.ndarray, total: np.ndarray) -> None:
+    """Add counts and sums of events to the entries `at` of `out`."""
+    out.count[at] += count
+    added = _sum(out.total[at], total)
+    if added.dtype == object and out.total.dtype != object:
+        out.total = out.total.astype(object)
+    out.total[at] = added
+
+
+def _extreme_into(out: Base, name: str, at: np.ndarray, values: np.ndarray) -> None:
+    target, op = (out.low, np.minimum) if name == "MIN" else (out.high, np.maximum)
+    target[at] = op(target[at], values)
 
 
 def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
