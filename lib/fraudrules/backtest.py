@@ -17,7 +17,7 @@ from fraudrules.engine import job, state
 from fraudrules.engine.messages import iso_time
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
-from fraudrules.tables import to_json_line
+from fraudrules.tables import exact_number, json_text
 
 ALERT_FIELDS = (
     "alertId",
@@ -40,6 +40,7 @@ ALERT_FIELDS = (
 )
 
 
+DECIMAL_FIELDS = ("aggregate", "limit")
 WRITE_ROWS = 10_000  # alerts as Python objects at a time while they are written
 ORDER = ("ruleId", "transactionId", "userId", "eventTimeMs")
 
@@ -135,7 +136,10 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
                 for record in rows.take(ordered[start : start + WRITE_ROWS]).to_pylist():
                     record["key"] = json.loads(record["key"])
                     record["details"] = json.loads(record["details"]) if record["details"] else None
+                    for name in DECIMAL_FIELDS:  # the only non-JSON values: one conversion each, not a walk
+                        if record[name] is not None:
+                            record[name] = exact_number(record[name])
                     record["eventTime"] = iso_time(record["eventTimeMs"])
-                    fh.write(to_json_line(record) + "\n")
+                    fh.write(json_text(record) + "\n")
                     n += 1
     return n

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -456,11 +457,10 @@ _NUM = "\u0000num:"
 def to_json_line(record: dict) -> str:
     """JSON with Decimals written as exact JSON numbers (not floats, not strings)."""
     from datetime import datetime
-    from decimal import Decimal
 
     def conv(v):
         if isinstance(v, Decimal):
-            return _NUM + (format(v.normalize(), "f") if v != 0 else "0")
+            return exact_number(v)
         if isinstance(v, datetime):
             return v.isoformat()
         if isinstance(v, dict):
@@ -469,5 +469,17 @@ def to_json_line(record: dict) -> str:
             return [conv(x) for x in v]
         return v
 
-    text = json.dumps({k: conv(v) for k, v in record.items()}, default=str)
-    return re.sub(r'"\\u0000num:([^"]*)"', r"\1", text)
+    return json_text({k: conv(v) for k, v in record.items()})
+
+
+def exact_number(v: Decimal) -> str:
+    """A Decimal's stand-in in a record for `json_text`, which writes it as an exact JSON number."""
+    return _NUM + (format(v.normalize(), "f") if v != 0 else "0")
+
+
+_NUMBER = re.compile(r'"\\u0000num:([^"]*)"')
+
+
+def json_text(record: dict) -> str:
+    """A record of plain JSON values and `exact_number`s as one line of JSON."""
+    return _NUMBER.sub(r"\1", json.dumps(record, default=str))
