@@ -449,6 +449,13 @@ def test_quality_task_runs_a_cli_command(bundle):
     assert parser().parse_args(args).func.__name__ == "cmd_quality"
 
 
+def test_the_streaming_cluster_gets_the_malloc_setting_local_jvms_get(bundle):
+    from fraudrules.local_runtime import MALLOC_ENV
+
+    (cluster,) = bundle["_jobs"]["fraudrules_streaming"]["job_clusters"]
+    assert cluster["new_cluster"]["spark_env_vars"] == MALLOC_ENV
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebooks_are_stored_clean(path):
     """No outputs in git, an id on every cell (nbformat 4.5 requires them); a title, a tagged parameters cell calling
