@@ -24,13 +24,14 @@ import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from fraudrules.engine.windowing import FIELDS, I64_MAX, I64_MIN, Base, Events, base_at, per_rule
+from fraudrules.engine.windowing import FIELDS, I64_MAX, I64_MIN, Base, Events, base_at, group_starts, per_rule
 from fraudrules.rules.model import COUNT_FIELDS, Rule
 
 MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (each event is rewritten log4 n times)
@@ -231,52 +232,39 @@ class Indexed:
     def __init__(self, ev: Events):
         self.ev = ev
         n = len(ev)
-        starts = np.r_[True, (ev.g[1:] != ev.g[:-1]) | (ev.h2[1:] != ev.h2[:-1])] if n else np.zeros(0, dtype=bool)
-        self.first = np.flatnonzero(starts)
+        self.first = np.flatnonzero(group_starts(ev.g, ev.h2))
         self.first_g, self.first_h2 = ev.g[self.first], ev.h2[self.first]
         self.size = np.diff(np.r_[self.first, n])
         self.t_first, self.t_last = ev.t[self.first], ev.t[self.first + self.size - 1]
         self.tmin = int(self.t_first.min()) if n else 0
         self.span = int(self.t_last.max()) - self.tmin + 1 if n else 1
-        self._built: dict[str, object] = {}
+        self._trees: dict[str, tuple[np.ndarray, int]] = {}
 
-    def _memo(self, name: str, build):
-        if name not in self._built:
-            self._built[name] = build()
-        return self._built[name]
-
-    @property
+    @cached_property
     def key(self) -> np.ndarray:
         """(group number, time) as one sortable int64: the search key of `ranges`."""
-        group = lambda: np.repeat(np.arange(len(self.first)), self.size)  # noqa: E731
-        return self._memo("key", lambda: group() * self.span + self.ev.t - self.tmin)
+        return np.repeat(np.arange(len(self.first)), self.size) * self.span + self.ev.t - self.tmin
 
-    @property
+    @cached_property
     def cum(self) -> np.ndarray:
         """Prefix sums of the values (python ints where int64 could overflow)."""
+        val = self.ev.val
+        return np.r_[0, np.cumsum(val if _sums_fit(val) else val.astype(object))]
 
-        def build() -> np.ndarray:
-            val = self.ev.val
-            safe = len(val) == 0 or int(np.abs(val).max()) * len(val) < 2**62
-            return np.r_[0, np.cumsum(val if safe else val.astype(object))]
+    @cached_property
+    def group_sums(self) -> np.ndarray:
+        """Sum of the values of each group."""
+        if not _sums_fit(self.ev.val):
+            return self.cum[self.first + self.size] - self.cum[self.first]
+        return np.add.reduceat(self.ev.val, self.first) if len(self.ev) else np.zeros(0, dtype=np.int64)
 
-        return self._memo("cum", build)
+    @cached_property
+    def group_min(self) -> np.ndarray:
+        return np.minimum.reduceat(self.ev.val, self.first)
 
-    def group_total(self, q: np.ndarray) -> np.ndarray:
-        """Sum of the values of each group q."""
-
-        def build() -> np.ndarray:
-            val = self.ev.val
-            if len(val) and int(np.abs(val).max()) * len(val) >= 2**62:
-                return self.cum[self.first + self.size] - self.cum[self.first]
-            return np.add.reduceat(val, self.first) if len(val) else np.zeros(0, dtype=np.int64)
-
-        return self._memo("group SUM", build)[q]
-
-    def group_extreme(self, name: str, q: np.ndarray) -> np.ndarray:
-        """MIN or MAX of the values of each group q."""
-        op = np.minimum if name == "MIN" else np.maximum
-        return self._memo(f"group {name}", lambda: op.reduceat(self.ev.val, self.first))[q]
+    @cached_property
+    def group_max(self) -> np.ndarray:
+        return np.maximum.reduceat(self.ev.val, self.first)
 
     def groups_of(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """The chunk's group number of each (g, h2), -1 where it has none."""
@@ -295,17 +283,18 @@ class Indexed:
 
     def ranges(self, q: np.ndarray, t_from: np.ndarray, t_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions [lo, hi) of group q's events with t_from <= t <= t_to (empty where q is -1)."""
-        key = self.key
         qq = np.maximum(q, 0) * self.span
-        lo = np.searchsorted(key, qq + np.clip(t_from - self.tmin, 0, self.span), side="left")
-        hi = np.searchsorted(key, qq + np.clip(t_to - self.tmin, -1, self.span - 1), side="right")
+        lo = np.searchsorted(self.key, qq + np.clip(t_from - self.tmin, 0, self.span), side="left")
+        hi = np.searchsorted(self.key, qq + np.clip(t_to - self.tmin, -1, self.span - 1), side="right")
         hi = np.where(q >= 0, np.maximum(hi, lo), lo)
         return lo, hi
 
     def extreme(self, name: str, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """MIN or MAX of the values in each [lo, hi) (the identity where empty), from a segment tree."""
         op, identity = (np.minimum, I64_MAX) if name == "MIN" else (np.maximum, I64_MIN)
-        tree, size = self._memo(f"tree {name}", lambda: _tree(self.ev.val, op, identity))
+        if name not in self._trees:
+            self._trees[name] = _tree(self.ev.val, op, identity)
+        tree, size = self._trees[name]
         out = np.full(len(lo), identity, dtype=np.int64)
         left, right = lo + size, hi + size
         while (live := left < right).any():
@@ -458,21 +447,23 @@ class ShardEvents:
         }
         t_from, t_to = new.t - window, new.t
         # a batch has several events per group: look each group up once per chunk
-        run = np.r_[True, (new.g[1:] != new.g[:-1]) | (new.h2[1:] != new.h2[:-1])] if len(new) else np.zeros(0, bool)
+        run = group_starts(new.g, new.h2)
         run_of, heads = np.cumsum(run) - 1, np.flatnonzero(run)
         for c in self.meta.chunks:
             chunk = self.parts[c.id]
             q = np.where(plain & (horizon <= c.id), chunk.groups_of(new.g[heads], new.h2[heads])[run_of], -1)
             at = np.maximum(q, 0)
             first, last = chunk.t_first[at], chunk.t_last[at]
-            whole = np.flatnonzero((q >= 0) & (first >= t_from) & (last <= t_to))
-            cut = np.flatnonzero((q >= 0) & (last >= t_from) & (first <= t_to) & ~((first >= t_from) & (last <= t_to)))
+            inside = (first >= t_from) & (last <= t_to)  # the window holds the group's events in the chunk
+            whole = np.flatnonzero((q >= 0) & inside)
+            cut = np.flatnonzero((q >= 0) & ~inside & (last >= t_from) & (first <= t_to))
             if len(whole):
-                _add_to(out, whole, chunk.size[q[whole]], chunk.group_total(q[whole]))
+                _add_to(out, whole, chunk.size[q[whole]], chunk.group_sums[q[whole]])
                 for name, wanted in extremes.items():
                     sel = whole[wanted[whole]]
                     if len(sel):
-                        _extreme_into(out, name, sel, chunk.group_extreme(name, q[sel]))
+                        per_group = chunk.group_min if name == "MIN" else chunk.group_max
+                        _extreme_into(out, name, sel, per_group[q[sel]])
             if len(cut):
                 lo, hi = chunk.ranges(q[cut], t_from[cut], t_to[cut])
                 _add_to(out, cut, hi - lo, chunk.cum[hi] - chunk.cum[lo])
@@ -556,6 +547,11 @@ class ShardEvents:
     def _remove(self, c: Chunk) -> None:
         self.backend.remove_chunk(c.id)
         self.parts.pop(c.id, None)
+
+
+def _sums_fit(val: np.ndarray) -> bool:
+    """No sum of these values can overflow int64."""
+    return len(val) == 0 or int(np.abs(val).max()) * len(val) < 2**62
 
 
 def _add_to(out: Base, at: np.ndarray, count: np.ndarray, total: np.ndarray) -> None:

@@ -140,10 +140,14 @@ def group_codes(g: np.ndarray, h2: np.ndarray) -> np.ndarray:
     if len(g) == 0:
         return np.zeros(0, dtype=np.int64)
     order = np.lexsort((h2, g))
-    starts = np.r_[True, (g[order][1:] != g[order][:-1]) | (h2[order][1:] != h2[order][:-1])]
     codes = np.empty(len(g), dtype=np.int64)
-    codes[order] = np.cumsum(starts) - 1
+    codes[order] = np.cumsum(group_starts(g[order], h2[order])) - 1
     return codes
+
+
+def group_starts(g: np.ndarray, h2: np.ndarray) -> np.ndarray:
+    """True where a run of equal (g, h2) begins, in rows sorted by group."""
+    return np.r_[True, (g[1:] != g[:-1]) | (h2[1:] != h2[:-1])] if len(g) else np.zeros(0, dtype=bool)
 
 
 def evaluate(old: Events, new: Events, rules: dict[int, Rule], base: Base | None = None) -> Evaluation:
