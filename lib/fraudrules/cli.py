@@ -76,8 +76,9 @@ positive_float = _bounded(float, 0.0, False, "a number > 0")
 non_negative_float = _bounded(float, 0.0, True, "a number >= 0")
 
 
-def add_records_bound(p: argparse.ArgumentParser) -> None:
-    """The bound of a micro-batch, for `run` and `backtest` alike (`--max-offsets-per-trigger`: Kafka's word)."""
+def add_memory_bounds(p: argparse.ArgumentParser) -> None:
+    """The bounds of a micro-batch and of the state a Python worker keeps in memory, for `run` and `backtest`
+    alike (`--max-offsets-per-trigger`: Kafka's word)."""
     p.add_argument(
         "--max-records-per-trigger",
         "--max-offsets-per-trigger",
@@ -86,6 +87,14 @@ def add_records_bound(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="at most N records (file lines, Kafka records) per micro-batch of each source, whatever the file "
         f"sizes (default {JobConfig.max_records_per_trigger:,})",
+    )
+    p.add_argument(
+        "--state-memory-mb",
+        type=non_negative_int,
+        default=JobConfig.state_memory_mb,
+        metavar="MB",
+        help="retained events a Python worker keeps decoded in memory; the rest is read from local disk when a "
+        f"window needs it (default {JobConfig.state_memory_mb})",
     )
 
 
@@ -597,7 +606,7 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         metavar="PATH",
         help="login events: a folder, a JSON-lines file or a glob (default <data-dir>/landing/logins)",
     )
-    add_records_bound(run)
+    add_memory_bounds(run)
     run.add_argument("--source", choices=["files", "kafka"], help="default: kafka with a bootstrap, else files")
     run.add_argument("--kafka-bootstrap", help="bootstrap servers (`make run SOURCE=kafka` starts a local broker)")
     run.add_argument(
@@ -643,7 +652,7 @@ def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
     bt.add_argument("--data-dir", default=None, help="work folder of its tables (default: a fresh temporary one)")
     bt.add_argument("--catalog", help="with --schema: write catalog tables (as the bundle does) instead of paths")
     bt.add_argument("--schema", help="with --catalog: the schema of its catalog tables")
-    add_records_bound(bt)
+    add_memory_bounds(bt)
     bt.add_argument("--fresh", action="store_true", help="wipe --data-dir first")
     bt.set_defaults(func=cmd_backtest)
 

@@ -59,6 +59,9 @@ class JobConfig:
     # At most this many records (lines of files, Kafka records) per micro-batch of each source, whatever the sizes
     # of the files: a backlog or a big file is absorbed in bounded micro-batches, in bounded memory.
     max_records_per_trigger: int = 50_000
+    # Retained events a Python worker keeps decoded in memory (MiB, all its shards): beyond it they are read from
+    # its local disk cache when a window cuts a key's events; per-key summaries of every chunk stay in memory.
+    state_memory_mb: int = 128
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
     logins: bool = False  # also run the login anomaly detector (seed 000)
     logins_source: str | None = None  # folder of login-event JSON-lines files; default <data>/landing/logins
@@ -81,6 +84,8 @@ class JobConfig:
             raise ValueError(f"source must be 'files' or 'kafka', not {self.source!r}")
         if self.max_records_per_trigger < 1:
             raise ValueError(f"max_records_per_trigger must be positive, not {self.max_records_per_trigger}")
+        if self.state_memory_mb < 0:
+            raise ValueError(f"state_memory_mb must be >= 0, not {self.state_memory_mb}")
         uses_kafka = self.source == "kafka" or self.kafka_rules_topic or self.kafka_alerts_topic
         if uses_kafka and not self.kafka_bootstrap:
             raise ValueError("Kafka topics are configured but kafka_bootstrap is not")

@@ -33,8 +33,8 @@ def in_memory(processor) -> TwsTester:
     return TwsTester(processor, timeMode="EventTime", eventTimeExtractor=lambda _row: sys.maxsize)
 
 
-def rules_processor(namespace: str) -> RulesProcessor:
-    return RulesProcessor(lateness_ms=MIN, labels=[SHARD], namespace=namespace, timer_coalesce_ms=COALESCE)
+def rules_processor(namespace: str, **settings) -> RulesProcessor:
+    return RulesProcessor(lateness_ms=MIN, labels=[SHARD], namespace=namespace, timer_coalesce_ms=COALESCE, **settings)
 
 
 def tx(tid: int, t: int, payee: int = 1) -> dict:
@@ -100,6 +100,28 @@ def test_rules_processor_reads_the_state_back_on_a_fresh_worker(tmp_path, monkey
     assert list(out[out["kind"] == "alert"]["transactionId"]) == [2]
     stats = json.loads(out[out["kind"] == "stats"]["details"].iloc[0])
     assert stats["chunksFromStore"] == 1 and stats["transactions"] == 1
+
+
+def test_rules_processor_keeps_no_decoded_events_beyond_its_memory_budget(tmp_path, monkeypatch):
+    """A budget of 0 MiB: after each batch no chunk's events stay decoded; windows that cut a key's events, and
+    distinct counts, read them again from the local disk cache and find what a worker keeping them all finds."""
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(shard_state.BUDGET, "limit", shard_state.BUDGET.limit)  # restored after the test
+    distinct = rule(2, field="COUNT_FLINK", op="GREATER_EQUAL", limit="2", window=1, unique=["transactionId"])
+    found = {}
+    for memory in (0, 64):
+        t, stream = in_memory(rules_processor(f"budget{memory}", state_memory_mb=memory)), RuleStream()
+        alerts = []
+        for b in range(6):  # 20 s apart: a 1-minute window cuts the retained events of payee 1
+            batch = [tx(10 * b + 1, 20_000 * b), tx(10 * b + 2, 20_000 * b)]
+            out = t.testInPandas(SHARD, rows(stream, batch, b, [COUNT, distinct] if b == 0 else []))
+            fired = out[out["kind"] == "alert"]
+            alerts += sorted(zip(fired["ruleId"], fired["transactionId"], fired["aggregate"], strict=True))
+            assert shard_state.BUDGET.limit == memory << 20
+            assert (shard_state.BUDGET.held_bytes() == 0) == (memory == 0)
+        found[memory] = alerts
+    assert found[0] == found[64]
+    assert {a for a in found[0] if a[1] == 52} == {(1, 52, "8"), (2, 52, "8")}  # 4 batches of 2 in [t − 1 min, t]
 
 
 def test_rules_processor_timer_drops_expired_chunks_and_leaves_no_events(tmp_path, monkeypatch):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
-from fraudrules.engine.state import Bounds, Cache, Meta, Resets, ShardEvents
+from fraudrules.engine import state
+from fraudrules.engine.state import Bounds, Budget, Cache, Indexed, Meta, Resets, ShardEvents
 from fraudrules.engine.windowing import I64_MAX, I64_MIN, Events
 from tests.support.harness import MemoryBackend, rule
 
@@ -40,9 +43,15 @@ def _scan(old: Events, new: Events, windows: dict[int, int]) -> list[tuple]:
     return out
 
 
-@pytest.mark.parametrize("huge", [False, True])
-def test_base_over_chunks_equals_a_scan_of_every_retained_event(tmp_path, huge):
-    """Windows that hold a group's events in a chunk whole, cut them, or miss them; sums past int64."""
+@pytest.mark.parametrize(
+    ("huge", "memory", "files"),
+    [(False, 1 << 30, True), (True, 1 << 30, True), (False, 0, True), (False, 0, False)],
+    ids=["in-memory", "sums-past-int64", "details-read-again-from-disk", "local-files-gone"],
+)
+def test_base_over_chunks_equals_a_scan_of_every_retained_event(tmp_path, monkeypatch, huge, memory, files):
+    """Windows that hold a group's events in a chunk whole, cut them, or miss them; sums past int64; chunk
+    details dropped for the memory budget and read again from the local disk cache, or from the state store."""
+    monkeypatch.setattr(state.BUDGET, "limit", memory)
     rng = np.random.default_rng(7)
     windows = {1: 1 * MIN, 2: 10 * MIN, 3: 24 * 60 * MIN}
     aggregators = {1: "MIN", 2: "SUM", 3: "MAX"}
@@ -56,12 +65,33 @@ def test_base_over_chunks_equals_a_scan_of_every_retained_event(tmp_path, huge):
         old.append(ev)
         store.append(ev, Bounds.of({r: (0, w) for r, w in windows.items()}, 0))
     assert len(store.meta.chunks) > 1
+    held = [store.parts[c.id].detail is not None for c in store.meta.chunks]
+    assert sum(held) == (len(held) if memory else 1)  # a budget of 0 keeps only the chunk written last
+    if not files:
+        shutil.rmtree(store.cache.dir)
     new = _events(rng, 400, [1, 2, 3], (0, 30 * MIN), 10_000, values)
     new.g = new.g + new.rule
     got = store.base(new, rules)
+    assert (store.read_from_store > 0) == (not files)
     want = _scan(Events.concat(old), new, windows)
     for i, (count, total, low, high) in enumerate(want):
         aggregator = aggregators[int(new.rule[i])]
         assert (got.count[i], got.total[i]) == (count, total), i
         assert got.low[i] == (low if aggregator == "MIN" else I64_MAX), i  # MIN/MAX only where a rule asks
         assert got.high[i] == (high if aggregator == "MAX" else I64_MIN), i
+
+
+def test_a_detail_read_again_never_displaces_one_held_since_its_chunk_was_written():
+    rng = np.random.default_rng(3)
+    events = [_events(rng, 100, [1], (0, MIN), 0, np.arange(9)).sorted() for _ in range(3)]
+    a, b, c = (Indexed(ev) for ev in events)
+    budget = Budget(limit=a.nbytes() * 5 // 2)
+    for chunk in (a, b, c):
+        budget.hold(chunk, resident=True)
+    assert [x.detail is not None for x in (a, b, c)] == [False, True, True]  # the oldest made room
+    a.restore(events[0])
+    budget.hold(a, resident=False)
+    assert [x.detail is not None for x in (a, b, c)] == [True, True, True]  # over the limit while a is used
+    budget.trim()
+    assert [x.detail is not None for x in (a, b, c)] == [False, True, True]
+    assert budget.held_bytes() <= budget.limit

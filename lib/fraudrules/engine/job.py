@@ -56,7 +56,9 @@ def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
     """Source records and rule changes → keyed, windowed evaluation: the processor's output rows."""
     labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
     schema = event_schema.for_job(cfg)
-    processor = RulesProcessor(cfg.lateness_ms, labels, namespace(cfg, EVALUATE_QUERY), schema=schema)
+    processor = RulesProcessor(
+        cfg.lateness_ms, labels, namespace(cfg, EVALUATE_QUERY), schema=schema, state_memory_mb=cfg.state_memory_mb
+    )
     keyed = inputs.window_input(spark, cfg, raw, labels, schema).groupBy("shard")
     return keyed.transformWithStateInPandas(processor, OUTPUT_SCHEMA, "append", "EventTime")
 

@@ -22,7 +22,17 @@ from fraudrules.engine.evaluation import OUTPUT_COLUMNS, Batch, Timings, stats_r
 from fraudrules.engine.logins import decode_sequences, encode_sequences
 from fraudrules.engine.pyspark_compat import VectorizedInput
 from fraudrules.engine.ruleset import RuleSet
-from fraudrules.engine.state import Bounds, Meta, Resets, ShardEvents, cache_for, death_time, drop_dead
+from fraudrules.engine.state import (
+    BUDGET,
+    STATE_MEMORY_MB,
+    Bounds,
+    Meta,
+    Resets,
+    ShardEvents,
+    cache_for,
+    death_time,
+    drop_dead,
+)
 from fraudrules.event_schema import DEFAULT, EventSchema
 
 TEXT = StructType([StructField("text", StringType())])
@@ -97,13 +107,15 @@ class RulesProcessor(VectorizedInput, StatefulProcessor):
         namespace: str,
         timer_coalesce_ms: int = 10_000,
         schema: EventSchema = DEFAULT,
+        state_memory_mb: int = STATE_MEMORY_MB,
     ):
         self.lateness_ms, self.coalesce_ms = lateness_ms, timer_coalesce_ms
         self.index = {label: i for i, label in enumerate(labels)}
-        self.namespace, self.schema = namespace, schema
+        self.namespace, self.schema, self.state_memory_mb = namespace, schema, state_memory_mb
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.state = ShardState(handle, self.schema)
+        BUDGET.limit = self.state_memory_mb << 20  # one budget for the worker's shards
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         timings = Timings()

@@ -7,11 +7,11 @@ O(log n) times in all) and dropped whole once every event in them has left its r
 chunk whose rules stopped or changed is rewritten without them. The chunk catalog (`Meta`) says
 which chunks make up the shard, with per (rule, signature) spans for those decisions.
 
-The state store is the truth. Decoded chunks are also kept in this process and in a local cache
-directory (the stored bytes, shared by all Python workers of the machine), both keyed by
-the chunk's id and tag, so a batch reads from the state store only what no cache holds. A tag names
-the write that made a chunk; a catalog never refers to a chunk by id alone, so a cache can be stale
-but never wrong.
+The state store is the truth. A Python worker also keeps each chunk's per-group summary, its decoded
+events within a memory budget (`Budget`, `STATE_MEMORY_MB`), and its stored bytes in a local cache
+directory (shared by all Python workers of the machine), all keyed by the chunk's id and tag, so a batch
+reads from the state store only what no cache holds. A tag names the write that made a chunk; a catalog
+never refers to a chunk by id alone, so a cache can be stale but never wrong.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from itertools import count
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from fraudrules.config import JobConfig
 from fraudrules.engine.windowing import FIELDS, I64_MAX, I64_MIN, Base, Events, base_at, group_starts, per_rule
 from fraudrules.rules.model import COUNT_FIELDS, Rule
 
@@ -38,8 +40,10 @@ MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (ea
 SIMILAR = 2  # sizes within this factor of the smallest are similar
 MAX_MERGED = 500_000  # events: bounds the merge work in one micro-batch; bigger chunks are only dropped or rewritten
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
+STATE_MEMORY_MB = JobConfig.state_memory_mb  # per-event chunk detail a Python worker keeps in memory (`Budget`)
 _STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
 _NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+_BORN = count()  # the order in which this process came to hold chunks
 
 
 @dataclass
@@ -224,47 +228,22 @@ class Resets:
 
 
 class Indexed:
-    """A chunk's events (sorted by group, then time) with what range queries over them need. Per group: its
-    first position, size, time span and (when first asked) aggregates, which answer every query whose window
-    holds all of the group's events in the chunk, the common case of long windows. Queries that cut a group
-    use a (group, time) search key, prefix sums and min/max trees, built when first asked."""
+    """A live chunk as this process holds it: a per-group summary, always in memory, and the per-event `detail`,
+    in memory within the process's `Budget`. The chunk's events are sorted by group, then time. Per group: its
+    size, time span, sum, minimum and maximum, which answer every query whose window holds all of the group's
+    events in the chunk (the common case of long windows); a summary has one row per group, not per event."""
 
     def __init__(self, ev: Events):
-        self.ev = ev
         n = len(ev)
-        self.first = np.flatnonzero(group_starts(ev.g, ev.h2))
-        self.first_g, self.first_h2 = ev.g[self.first], ev.h2[self.first]
-        self.size = np.diff(np.r_[self.first, n])
-        self.t_first, self.t_last = ev.t[self.first], ev.t[self.first + self.size - 1]
-        self.tmin = int(self.t_first.min()) if n else 0
-        self.span = int(self.t_last.max()) - self.tmin + 1 if n else 1
-        self._trees: dict[str, tuple[np.ndarray, int]] = {}
-
-    @cached_property
-    def key(self) -> np.ndarray:
-        """(group number, time) as one sortable int64: the search key of `ranges`."""
-        return np.repeat(np.arange(len(self.first)), self.size) * self.span + self.ev.t - self.tmin
-
-    @cached_property
-    def cum(self) -> np.ndarray:
-        """Prefix sums of the values (python ints where int64 could overflow)."""
-        val = self.ev.val
-        return np.r_[0, np.cumsum(val if _sums_fit(val) else val.astype(object))]
-
-    @cached_property
-    def group_sums(self) -> np.ndarray:
-        """Sum of the values of each group."""
-        if not _sums_fit(self.ev.val):
-            return self.cum[self.first + self.size] - self.cum[self.first]
-        return np.add.reduceat(self.ev.val, self.first) if len(self.ev) else np.zeros(0, dtype=np.int64)
-
-    @cached_property
-    def group_min(self) -> np.ndarray:
-        return np.minimum.reduceat(self.ev.val, self.first)
-
-    @cached_property
-    def group_max(self) -> np.ndarray:
-        return np.maximum.reduceat(self.ev.val, self.first)
+        first = np.flatnonzero(group_starts(ev.g, ev.h2))
+        self.n, self.born = n, next(_BORN)
+        self.first_g, self.first_h2 = ev.g[first], ev.h2[first]
+        self.size = np.diff(np.r_[first, n])
+        self.t_first, self.t_last = ev.t[first], ev.t[first + self.size - 1]
+        self.group_min = np.minimum.reduceat(ev.val, first) if n else np.zeros(0, dtype=np.int64)
+        self.group_max = np.maximum.reduceat(ev.val, first) if n else np.zeros(0, dtype=np.int64)
+        self.detail: Detail | None = Detail(ev, first)
+        self.group_sums = self.detail.group_sums()
 
     def groups_of(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """The chunk's group number of each (g, h2), -1 where it has none."""
@@ -280,6 +259,43 @@ class Indexed:
             pending = same_g & ~hit
             at = np.where(pending, at + 1, at)
         return np.where(found, at, -1)
+
+    def restore(self, ev: Events) -> None:
+        """The detail again, from the chunk's events."""
+        self.detail = Detail(ev, np.r_[0, np.cumsum(self.size)[:-1]].astype(np.int64))
+
+    def nbytes(self) -> int:
+        """Memory of the per-event detail (0 when dropped)."""
+        return self.detail.nbytes() if self.detail else 0
+
+
+class Detail:
+    """A chunk's events and what queries that cut a group need: a (group, time) search key, prefix sums and
+    min/max segment trees, each built when first asked."""
+
+    def __init__(self, ev: Events, first: np.ndarray):
+        self.ev, self.first = ev, first
+        self.size = np.diff(np.r_[first, len(ev)])
+        self.tmin = int(ev.t.min()) if len(ev) else 0
+        self.span = int(ev.t.max()) - self.tmin + 1 if len(ev) else 1
+        self._trees: dict[str, tuple[np.ndarray, int]] = {}
+
+    @cached_property
+    def key(self) -> np.ndarray:
+        """(group number, time) as one sortable int64: the search key of `ranges`."""
+        return np.repeat(np.arange(len(self.first)), self.size) * self.span + self.ev.t - self.tmin
+
+    @cached_property
+    def cum(self) -> np.ndarray:
+        """Prefix sums of the values (python ints where int64 could overflow)."""
+        val = self.ev.val
+        return np.r_[0, np.cumsum(val if _sums_fit(val) else val.astype(object))]
+
+    def group_sums(self) -> np.ndarray:
+        """Sum of the values of each group."""
+        if not _sums_fit(self.ev.val):
+            return self.cum[self.first + self.size] - self.cum[self.first]
+        return np.add.reduceat(self.ev.val, self.first) if len(self.ev) else np.zeros(0, dtype=np.int64)
 
     def ranges(self, q: np.ndarray, t_from: np.ndarray, t_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions [lo, hi) of group q's events with t_from <= t <= t_to (empty where q is -1)."""
@@ -306,6 +322,11 @@ class Indexed:
             out[odd] = op(out[odd], tree[right[odd]])
             left, right = left >> 1, right >> 1
         return out
+
+    def nbytes(self) -> int:
+        arrays = [*self.ev.columns().values(), self.first, self.size, *(t for t, _ in self._trees.values())]
+        arrays += [self.__dict__[k] for k in ("key", "cum") if k in self.__dict__]
+        return sum(a.nbytes for a in arrays)
 
 
 def _tree(values: np.ndarray, op, identity: int) -> tuple[np.ndarray, int]:
@@ -340,8 +361,45 @@ def drop_cache(namespace: str) -> None:
         os.rmdir(cache_root())  # only when no other checkpoint's cache is left in it
 
 
+class Budget:
+    """How many bytes of per-event chunk detail this process keeps in memory, for all its shards. Beyond it the
+    detail of the chunks held longest is dropped (their summaries stay) and read again from the local disk cache
+    when a query cuts one of their groups. A detail read again never displaces one held since its chunk was
+    written: every micro-batch visits a shard's chunks in the same order, where dropping the least recently used
+    would drop each chunk just before it is needed again."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held: dict[int, tuple[Indexed, bool]] = {}  # born -> (chunk, held since written or first read)
+
+    def hold(self, chunk: Indexed, resident: bool) -> None:
+        self.held[chunk.born] = (chunk, resident)
+        self.trim(keep=chunk.born, displace=resident)
+
+    def forget(self, chunk: Indexed) -> None:
+        self.held.pop(chunk.born, None)
+
+    def trim(self, keep: int = -1, displace: bool = True) -> None:
+        """Drop details, those read again first, then the oldest, until within the limit (`keep` stays)."""
+        total = sum(c.nbytes() for c, _ in self.held.values())
+        for born, (chunk, resident) in sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0])):
+            if total <= self.limit or (resident and not displace):
+                break
+            if born != keep:
+                total -= chunk.nbytes()
+                chunk.detail = None
+                del self.held[born]
+
+    def held_bytes(self) -> int:
+        return sum(c.nbytes() for c, _ in self.held.values())
+
+
+BUDGET = Budget(STATE_MEMORY_MB << 20)
+
+
 class Cache:
-    """Decoded chunks of the shards this process served, and their stored bytes on local disk."""
+    """Chunks of the shards this process served (summaries, and details within `BUDGET`), and their stored
+    bytes on local disk."""
 
     def __init__(self, namespace: str, shard: int, root: str | None = None):
         self.dir = os.path.join(root or cache_root(), namespace, str(shard))
@@ -354,29 +412,45 @@ class Cache:
         hit = self.loaded.get(c.id)
         if hit and hit[0] == c.tag:
             return hit[1]
+        ev = self.read(c)
+        return None if ev is None else self._hold(c, ev)
+
+    def read(self, c: Chunk) -> Events | None:
+        """The chunk's events from the local disk cache (None when it does not have them)."""
         try:
             with open(self._path(c), "rb") as fh:
-                chunk = Indexed(decode(fh.read()))
+                return decode(fh.read())
         except (FileNotFoundError, pa.ArrowInvalid):
             return None
-        self.loaded[c.id] = (c.tag, chunk)
-        return chunk
 
     def put(self, c: Chunk, ev: Events, blob: bytes) -> Indexed:
-        """Keep the decoded chunk, and its stored bytes on disk for the next process serving the shard."""
-        chunk = Indexed(ev)
-        self.loaded[c.id] = (c.tag, chunk)
+        """Keep the chunk, and its stored bytes on disk for the next process serving the shard."""
+        self.write(c, blob)
+        return self._hold(c, ev)
+
+    def write(self, c: Chunk, blob: bytes) -> None:
         os.makedirs(self.dir, exist_ok=True)
         tmp = self._path(c) + f".{uuid.uuid4().hex}.tmp"
         with open(tmp, "wb") as fh:
             fh.write(blob)
         os.replace(tmp, self._path(c))
+
+    def _hold(self, c: Chunk, ev: Events) -> Indexed:
+        chunk = Indexed(ev)
+        if (old := self.loaded.get(c.id)) is not None:
+            BUDGET.forget(old[1])
+        self.loaded[c.id] = (c.tag, chunk)
+        BUDGET.hold(chunk, resident=True)
         return chunk
 
     def retain(self, chunks: Iterable[Chunk]) -> None:
         """Forget chunks that are no longer part of the shard."""
         live = {(c.id, c.tag) for c in chunks}
-        self.loaded = {i: v for i, v in self.loaded.items() if (i, v[0]) in live}
+        for i, (tag, chunk) in list(self.loaded.items()):
+            if (i, tag) not in live:
+                BUDGET.forget(chunk)
+                del self.loaded[i]
+        BUDGET.trim()
         names = {os.path.basename(self._path(c)) for c in chunks}
         for name in os.listdir(self.dir) if os.path.isdir(self.dir) else ():
             if name not in names and name.endswith(".arrow"):
@@ -418,6 +492,20 @@ class ShardEvents:
             self.read_from_store = len(missing)
         if len(self.parts) != len(self.meta.chunks):
             raise RuntimeError(f"the shard's state lacks chunks {sorted(set(missing) - set(self.parts))}")
+
+    def _detail(self, c: Chunk) -> Detail:
+        """The chunk's per-event detail: in memory, else from the local disk cache, else from the state store."""
+        chunk = self.parts[c.id]
+        if chunk.detail is None:
+            ev = self.cache.read(c)
+            if ev is None:  # the local file is gone (a cleaned temporary folder): the state store has the chunk
+                blob = next(b for i, b in self.backend.chunks() if i == c.id)
+                self.cache.write(c, blob)
+                ev = decode(blob)
+                self.read_from_store += 1
+            chunk.restore(ev)
+            BUDGET.hold(chunk, resident=False)
+        return chunk.detail
 
     def clear(self) -> None:
         """Forget every retained event (CLEAR_STATE_ALL)."""
@@ -465,12 +553,13 @@ class ShardEvents:
                         per_group = chunk.group_min if name == "MIN" else chunk.group_max
                         _extreme_into(out, name, sel, per_group[q[sel]])
             if len(cut):
-                lo, hi = chunk.ranges(q[cut], t_from[cut], t_to[cut])
-                _add_to(out, cut, hi - lo, chunk.cum[hi] - chunk.cum[lo])
+                detail = self._detail(c)
+                lo, hi = detail.ranges(q[cut], t_from[cut], t_to[cut])
+                _add_to(out, cut, hi - lo, detail.cum[hi] - detail.cum[lo])
                 for name, wanted in extremes.items():
                     sel = np.flatnonzero(wanted[cut] & (hi > lo))
                     if len(sel):
-                        _extreme_into(out, name, cut[sel], chunk.extreme(name, lo[sel], hi[sel]))
+                        _extreme_into(out, name, cut[sel], detail.extreme(name, lo[sel], hi[sel]))
         return out
 
     def gather(self, g: np.ndarray) -> Events:
@@ -478,7 +567,9 @@ class ShardEvents:
         wanted = np.unique(g)
         out = []
         for c in self.meta.chunks:
-            ev = self.parts[c.id].ev
+            if not np.isin(wanted, self.parts[c.id].first_g).any():  # the summary says: none here
+                continue
+            ev = self._detail(c).ev
             lo = np.searchsorted(ev.g, wanted, side="left")
             hi = np.searchsorted(ev.g, wanted, side="right")
             sel = hi > lo
@@ -520,7 +611,7 @@ class ShardEvents:
         """The live events of sorted chunks as one sorted chunk. Each chunk is a sorted run, so a stable sort
         by group (timsort merges the runs) is the whole sort unless a group's times interleave across chunks
         (late arrivals) or hashes collide; then a full sort."""
-        ev = Events.concat([self.parts[c.id].ev for c in chunks])
+        ev = Events.concat([self._detail(c).ev for c in chunks])
         live = self._alive(ev, bounds)
         order = live[np.argsort(ev.g[live], kind="stable")]
         g, h2, t = ev.g[order], ev.h2[order], ev.t[order]
@@ -529,7 +620,7 @@ class ShardEvents:
         return ev.take(order) if ordered.all() else ev.take(live).sorted()
 
     def _live(self, c: Chunk, bounds: Bounds) -> Events:
-        ev = self.parts[c.id].ev
+        ev = self._detail(c).ev
         return ev.take(self._alive(ev, bounds))
 
     def _alive(self, ev: Events, bounds: Bounds) -> np.ndarray:
