@@ -93,8 +93,8 @@ def add_memory_bounds(p: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=JobConfig.state_memory_mb,
         metavar="MB",
-        help="retained events a Python worker keeps decoded in memory; the rest is read from local disk when a "
-        f"window needs it (default {JobConfig.state_memory_mb})",
+        help="retained state a Python worker keeps in memory; beyond it, chunks are read again from local disk "
+        f"when a micro-batch needs them (default {JobConfig.state_memory_mb})",
     )
 
 

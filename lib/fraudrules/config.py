@@ -59,8 +59,8 @@ class JobConfig:
     # At most this many records (lines of files, Kafka records) per micro-batch of each source, whatever the sizes
     # of the files: a backlog or a big file is absorbed in bounded micro-batches, in bounded memory.
     max_records_per_trigger: int = 50_000
-    # Retained events a Python worker keeps decoded in memory (MiB, all its shards): beyond it they are read from
-    # its local disk cache when a window cuts a key's events; per-key summaries of every chunk stay in memory.
+    # Retained state a Python worker keeps in memory (MiB, all its shards): chunks' per-key summaries and decoded
+    # events. Beyond it, a chunk is read again from the worker's local disk cache when a micro-batch needs it.
     state_memory_mb: int = 128
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
     logins: bool = False  # also run the login anomaly detector (seed 000)

@@ -7,7 +7,7 @@ O(log n) times in all) and dropped whole once every event in them has left its r
 chunk whose rules stopped or changed is rewritten without them. The chunk catalog (`Meta`) says
 which chunks make up the shard, with per (rule, signature) spans for those decisions.
 
-The state store is the truth. A Python worker also keeps each chunk's per-group summary, its decoded
+The state store is the truth. A Python worker also keeps each chunk's per-group summary and decoded
 events within a memory budget (`Budget`, `STATE_MEMORY_MB`), and its stored bytes in a local cache
 directory (shared by all Python workers of the machine), all keyed by the chunk's id and tag, so a batch
 reads from the state store only what no cache holds. A tag names the write that made a chunk; a catalog
@@ -40,7 +40,7 @@ MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (ea
 SIMILAR = 2  # sizes within this factor of the smallest are similar
 MAX_MERGED = 500_000  # events: bounds the merge work in one micro-batch; bigger chunks are only dropped or rewritten
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
-STATE_MEMORY_MB = JobConfig.state_memory_mb  # per-event chunk detail a Python worker keeps in memory (`Budget`)
+STATE_MEMORY_MB = JobConfig.state_memory_mb  # chunk summaries and events a Python worker keeps in memory (`Budget`)
 _STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
 _NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _BORN = count()  # the order in which this process came to hold chunks
@@ -228,54 +228,65 @@ class Resets:
 
 
 class Indexed:
-    """A live chunk as this process holds it: a per-group summary, always in memory, and the per-event `detail`,
-    in memory within the process's `Budget`. The chunk's events are sorted by group, then time. Per group: its
-    size, time span, sum, minimum and maximum, which answer every query whose window holds all of the group's
-    events in the chunk (the common case of long windows); a summary has one row per group, not per event."""
+    """A live chunk as this process holds it: its per-group `summary` and its per-event `detail`, each in memory
+    within the process's `Budget`; one dropped is built again from the chunk's events when a query needs it."""
 
     def __init__(self, ev: Events):
-        n = len(ev)
-        first = np.flatnonzero(group_starts(ev.g, ev.h2))
-        self.n, self.born = n, next(_BORN)
-        self.first_g, self.first_h2 = ev.g[first], ev.h2[first]
-        self.size = np.diff(np.r_[first, n])
+        self.born = next(_BORN)
+        self.summary: Summary | None = None
+        self.detail: Detail | None = None
+        self.restore(ev)
+
+    def restore(self, ev: Events) -> None:
+        """What was dropped, built again from the chunk's events."""
+        self.detail = self.detail or Detail(ev)
+        self.summary = self.summary or Summary(self.detail)
+
+    def nbytes(self) -> int:
+        return sum(part.nbytes() for part in (self.summary, self.detail) if part is not None)
+
+
+class Summary:
+    """Per group of a chunk (its events are sorted by group, then time): size, time span, sum, minimum and
+    maximum. They answer every query whose window holds all of the group's events in the chunk, the common
+    case of long windows; one row per group, not per event."""
+
+    def __init__(self, detail: Detail):
+        ev, first = detail.ev, detail.first
+        self.g, self.h2, self.size = ev.g[first], ev.h2[first], detail.size
         self.t_first, self.t_last = ev.t[first], ev.t[first + self.size - 1]
-        self.group_min = np.minimum.reduceat(ev.val, first) if n else np.zeros(0, dtype=np.int64)
-        self.group_max = np.maximum.reduceat(ev.val, first) if n else np.zeros(0, dtype=np.int64)
-        self.detail: Detail | None = Detail(ev, first)
-        self.group_sums = self.detail.group_sums()
+        self.sums = detail.group_sums()
+        self.low = np.minimum.reduceat(ev.val, first) if len(ev) else np.zeros(0, dtype=np.int64)
+        self.high = np.maximum.reduceat(ev.val, first) if len(ev) else np.zeros(0, dtype=np.int64)
 
     def groups_of(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """The chunk's group number of each (g, h2), -1 where it has none."""
-        at = np.searchsorted(self.first_g, g)
+        at = np.searchsorted(self.g, g)
         found = np.zeros(len(g), dtype=bool)
         pending = np.ones(len(g), dtype=bool)
         while pending.any():  # same g, other h2 (a 64-bit collision): try the next group
-            inside = pending & (at < len(self.first_g))
+            inside = pending & (at < len(self.g))
             same_g = np.zeros(len(g), dtype=bool)
-            same_g[inside] = self.first_g[at[inside]] == g[inside]
-            hit = same_g & (self.first_h2[np.minimum(at, len(self.first_g) - 1)] == h2) if len(self.first_g) else same_g
+            same_g[inside] = self.g[at[inside]] == g[inside]
+            hit = same_g & (self.h2[np.minimum(at, len(self.g) - 1)] == h2) if len(self.g) else same_g
             found |= hit
             pending = same_g & ~hit
             at = np.where(pending, at + 1, at)
         return np.where(found, at, -1)
 
-    def restore(self, ev: Events) -> None:
-        """The detail again, from the chunk's events."""
-        self.detail = Detail(ev, np.r_[0, np.cumsum(self.size)[:-1]].astype(np.int64))
-
     def nbytes(self) -> int:
-        """Memory of the per-event detail (0 when dropped)."""
-        return self.detail.nbytes() if self.detail else 0
+        arrays = (self.g, self.h2, self.size, self.t_first, self.t_last, self.sums, self.low, self.high)
+        return sum(a.nbytes for a in arrays)
 
 
 class Detail:
     """A chunk's events and what queries that cut a group need: a (group, time) search key, prefix sums and
     min/max segment trees, each built when first asked."""
 
-    def __init__(self, ev: Events, first: np.ndarray):
-        self.ev, self.first = ev, first
-        self.size = np.diff(np.r_[first, len(ev)])
+    def __init__(self, ev: Events):
+        self.ev = ev
+        self.first = np.flatnonzero(group_starts(ev.g, ev.h2))
+        self.size = np.diff(np.r_[self.first, len(ev)])
         self.tmin = int(ev.t.min()) if len(ev) else 0
         self.span = int(ev.t.max()) - self.tmin + 1 if len(ev) else 1
         self._trees: dict[str, tuple[np.ndarray, int]] = {}
@@ -362,11 +373,11 @@ def drop_cache(namespace: str) -> None:
 
 
 class Budget:
-    """How many bytes of per-event chunk detail this process keeps in memory, for all its shards. Beyond it the
-    detail of the chunks held longest is dropped (their summaries stay) and read again from the local disk cache
-    when a query cuts one of their groups. A detail read again never displaces one held since its chunk was
-    written: every micro-batch visits a shard's chunks in the same order, where dropping the least recently used
-    would drop each chunk just before it is needed again."""
+    """How many bytes of chunks this process keeps in memory, for all its shards. Beyond it, per-event details
+    are dropped first, then per-group summaries, each time those read again before those held since their chunk
+    was written, and the oldest first; a query that needs one again reads the chunk from the local disk cache.
+    A chunk read again never displaces one held since it was written: every micro-batch visits a shard's chunks
+    in the same order, where dropping the least recently used would drop each just before it is needed again."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -380,15 +391,17 @@ class Budget:
         self.held.pop(chunk.born, None)
 
     def trim(self, keep: int = -1, displace: bool = True) -> None:
-        """Drop details, those read again first, then the oldest, until within the limit (`keep` stays)."""
-        total = sum(c.nbytes() for c, _ in self.held.values())
-        for born, (chunk, resident) in sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0])):
-            if total <= self.limit or (resident and not displace):
-                break
-            if born != keep:
-                total -= chunk.nbytes()
-                chunk.detail = None
-                del self.held[born]
+        """Drop parts of chunks until within the limit (`keep`: the chunk in use stays whole)."""
+        total = self.held_bytes()
+        order = sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0]))
+        for part in ("detail", "summary"):
+            for born, (chunk, resident) in order:
+                if total <= self.limit or (resident and not displace):
+                    break
+                if born != keep and getattr(chunk, part) is not None:
+                    total -= getattr(chunk, part).nbytes()
+                    setattr(chunk, part, None)
+        self.held = {born: entry for born, entry in self.held.items() if entry[0].nbytes()}
 
     def held_bytes(self) -> int:
         return sum(c.nbytes() for c, _ in self.held.values())
@@ -398,8 +411,8 @@ BUDGET = Budget(STATE_MEMORY_MB << 20)
 
 
 class Cache:
-    """Chunks of the shards this process served (summaries, and details within `BUDGET`), and their stored
-    bytes on local disk."""
+    """Chunks of the shards this process served (in memory within `BUDGET`), and their stored bytes on local
+    disk."""
 
     def __init__(self, namespace: str, shard: int, root: str | None = None):
         self.dir = os.path.join(root or cache_root(), namespace, str(shard))
@@ -493,10 +506,11 @@ class ShardEvents:
         if len(self.parts) != len(self.meta.chunks):
             raise RuntimeError(f"the shard's state lacks chunks {sorted(set(missing) - set(self.parts))}")
 
-    def _detail(self, c: Chunk) -> Detail:
-        """The chunk's per-event detail: in memory, else from the local disk cache, else from the state store."""
+    def _chunk(self, c: Chunk) -> Indexed:
+        """The chunk with its summary and detail in memory: from the local disk cache, else the state store,
+        when the budget dropped them."""
         chunk = self.parts[c.id]
-        if chunk.detail is None:
+        if chunk.summary is None or chunk.detail is None:
             ev = self.cache.read(c)
             if ev is None:  # the local file is gone (a cleaned temporary folder): the state store has the chunk
                 blob = next(b for i, b in self.backend.chunks() if i == c.id)
@@ -505,7 +519,15 @@ class ShardEvents:
                 self.read_from_store += 1
             chunk.restore(ev)
             BUDGET.hold(chunk, resident=False)
-        return chunk.detail
+        return chunk
+
+    def _summary(self, c: Chunk) -> Summary:
+        chunk = self.parts[c.id]
+        return chunk.summary or self._chunk(c).summary
+
+    def _detail(self, c: Chunk) -> Detail:
+        chunk = self.parts[c.id]
+        return chunk.detail or self._chunk(c).detail
 
     def clear(self) -> None:
         """Forget every retained event (CLEAR_STATE_ALL)."""
@@ -538,7 +560,7 @@ class ShardEvents:
         run = group_starts(new.g, new.h2)
         run_of, heads = np.cumsum(run) - 1, np.flatnonzero(run)
         for c in self.meta.chunks:
-            chunk = self.parts[c.id]
+            chunk = self._summary(c)
             q = np.where(plain & (horizon <= c.id), chunk.groups_of(new.g[heads], new.h2[heads])[run_of], -1)
             at = np.maximum(q, 0)
             first, last = chunk.t_first[at], chunk.t_last[at]
@@ -546,11 +568,11 @@ class ShardEvents:
             whole = np.flatnonzero((q >= 0) & inside)
             cut = np.flatnonzero((q >= 0) & ~inside & (last >= t_from) & (first <= t_to))
             if len(whole):
-                _add_to(out, whole, chunk.size[q[whole]], chunk.group_sums[q[whole]])
+                _add_to(out, whole, chunk.size[q[whole]], chunk.sums[q[whole]])
                 for name, wanted in extremes.items():
                     sel = whole[wanted[whole]]
                     if len(sel):
-                        per_group = chunk.group_min if name == "MIN" else chunk.group_max
+                        per_group = chunk.low if name == "MIN" else chunk.high
                         _extreme_into(out, name, sel, per_group[q[sel]])
             if len(cut):
                 detail = self._detail(c)
@@ -567,7 +589,7 @@ class ShardEvents:
         wanted = np.unique(g)
         out = []
         for c in self.meta.chunks:
-            if not np.isin(wanted, self.parts[c.id].first_g).any():  # the summary says: none here
+            if not np.isin(wanted, self._summary(c).g).any():  # the summary says: none here
                 continue
             ev = self._detail(c).ev
             lo = np.searchsorted(ev.g, wanted, side="left")
