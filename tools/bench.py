@@ -19,6 +19,10 @@ counts from the job's first micro-batch of transactions: its start-up is not in 
 all of them before it is stopped (SIGINT). Also: the same window's alerts in the job's
 Delta table, the latency split by step (send → evaluated → on the driver → received) and the peak PSS of the job's
 process tree. `--rates 1000,2000,5000`: a fresh job at each rate, then the highest one with p99 <= 1 s.
+`--preload-hours 24`: long-lived state first: before the job starts, its topic receives that many hours of event
+time at `--preload-rate` tx/s (default 50: 4.3M transactions for 24 hours), ending where the live workload's event
+time starts, and every bench rule's window is that long; the job drains this backlog on its own checkpoints, then
+the live producer starts and the warm-up counts from there.
 
 Profiles: `local` (the default: what a laptop runs: one shard, local path tables through delta-rs, the vectorized
 stateful input) and `cluster` (what the bundle runs: 16 shards and state partitions, catalog tables through Spark's
@@ -46,7 +50,7 @@ from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
 from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
-from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
+from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, kafka_producer, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
 from fraudrules.session import get_spark
@@ -328,6 +332,42 @@ STARTED_LINE = "starting the queries"  # what `fraudrules run` prints once its t
 STARTUP_S = 300  # the job's first micro-batch of transactions, at most this long after the producer starts
 # alert JSON fields after the send stamp (ingestionTimestamp), then the consumer's receive time: where the time goes
 KAFKA_STAGES = (("producedAtMs", "evaluated"), ("publishedAtMs", "on the driver"), (None, "received"))
+LIVE_START_MS = Workload.start_ms  # event time of the live workload's start; a preload ends before it
+PRELOAD_DRAIN_S = 3_600  # the job evaluates the preloaded backlog within this long, or the run fails
+PRODUCE_POLL_EVERY = 10_000  # the backlog producer serves its delivery reports this often (messages)
+
+
+@dataclass(frozen=True)
+class Preload:
+    """`--preload-hours`: a backlog of `hours` of event time at `rate` tx/s, ending before LIVE_START_MS (0.5%
+    short of the full span: the random gaps between events add up to within a minute of it), and rules whose windows
+    are that long."""
+
+    hours: float
+    rate: float
+
+    @property
+    def count(self) -> int:
+        return int(self.hours * 3600 * self.rate * 0.995)
+
+    @property
+    def window_minutes(self) -> int:
+        return round(self.hours * 60)
+
+    def events(self):
+        span_ms = int(self.hours * 3_600_000)
+        return workload(
+            count=self.count, seed=98, first_id=1, events_per_second=self.rate, start_ms=LIVE_START_MS - span_ms
+        ).transactions()
+
+    def rules_file(self, folder: str) -> str:
+        """The bench rules with every window `window_minutes` long, as a file in `folder`."""
+        rules = json.loads(Path(SCHEMAS[SCHEMA][2]).read_text())
+        for rule in rules:
+            rule["windowMinutes"] = self.window_minutes
+        path = os.path.join(folder, "rules-preload.json")
+        Path(path).write_text(json.dumps(rules, indent=1))
+        return path
 
 
 @dataclass
@@ -345,6 +385,7 @@ class KafkaRun:
     behind: int = 0  # transactions the job had not evaluated when the wait for it ended
     memory: str = "?"
     error: str | None = None
+    preloaded: str | None = None  # with --preload-hours: what the job held before the live input, and its drain
 
     @property
     def p99(self) -> float | None:
@@ -369,6 +410,8 @@ class KafkaRun:
         if self.behind:
             check += f"; the job had not evaluated the last {self.behind:,} transactions when the wait ended"
         lines.append(check)
+        if self.preloaded:
+            lines.append(f"  on long-lived state: {self.preloaded}")
         if self.stages and len(self.latencies):
             split = ", ".join(
                 f"→ {name} {np.percentile(ms, 50):,.0f} / {np.percentile(ms, 99):,.0f}"
@@ -388,7 +431,9 @@ def highest_sustained(runs: list[KafkaRun]) -> str:
     return f"highest rate with {limit}: {max(kept):,.0f} tx/s"
 
 
-def kafka_mode(root: str, rates: list[float], warmup: float, seconds: float, profile: str) -> list[KafkaRun]:
+def kafka_mode(
+    root: str, rates: list[float], warmup: float, seconds: float, profile: str, preload: Preload | None = None
+) -> list[KafkaRun]:
     """Kafka end to end at each rate in turn (a fresh job each time) on one local broker, printing each run's lines
     as it ends; the broker and every job are stopped whatever happens."""
     from tests.support.kafka_broker import start_local_broker
@@ -400,7 +445,7 @@ def kafka_mode(root: str, rates: list[float], warmup: float, seconds: float, pro
     try:
         for rate in rates:
             try:
-                run = kafka_run(root, broker.bootstrap, rate, warmup, seconds, profile)
+                run = kafka_run(root, broker.bootstrap, rate, warmup, seconds, profile, preload)
             except (RuntimeError, TimeoutError) as err:  # this rate's job died or never started: the next may run
                 run = KafkaRun(rate, warmup, seconds, error=str(err))
             runs.append(run)
@@ -410,9 +455,12 @@ def kafka_mode(root: str, rates: list[float], warmup: float, seconds: float, pro
     return runs
 
 
-def kafka_run(root: str, bootstrap: str, rate: float, warmup: float, seconds: float, profile: str) -> KafkaRun:
+def kafka_run(
+    root: str, bootstrap: str, rate: float, warmup: float, seconds: float, profile: str, preload: Preload | None = None
+) -> KafkaRun:
     """`fraudrules run` on Kafka as production runs it (a child process), fed at `rate` tx/s by a producer that
-    stamps each record at send; a consumer times each alert read back from the alerts topic."""
+    stamps each record at send; a consumer times each alert read back from the alerts topic. With `preload`, the job
+    first drains a backlog of long-lived state (`Preload`)."""
     from fraudrules.generator import KafkaRateWriter
     from tests.support.kafka_broker import TopicTail, create_topics, end_offsets
 
@@ -434,22 +482,36 @@ def kafka_run(root: str, bootstrap: str, rate: float, warmup: float, seconds: fl
         alerts[row["alertId"]] = (*stamps, received_ms)
 
     log_path = os.path.join(data_dir, "job.log")
-    child = _spawn_job(kafka_command(bootstrap, data_dir, topics, profile), log_path, profile)
+    rules = preload.rules_file(data_dir) if preload else str(SCHEMAS[SCHEMA][2])
+    if preload:
+        started = time.monotonic()
+        produced = _produce_backlog(bootstrap, topics["transactions"], preload.events())
+        print(f"  preload: {produced:,} transactions sent in {time.monotonic() - started:.0f} s", flush=True)
+    child = _spawn_job(kafka_command(bootstrap, data_dir, topics, profile, rules), log_path, profile)
     memory = PeakMemory(pid=child.pid)
     memory.start()
     tail = TopicTail(bootstrap, topics["alerts"], on_alert)
     tail.start()
-    writer = None
+    writer, preloaded = None, None
+    checkpoint = JobConfig(data_dir=data_dir).checkpoint(EVALUATE_QUERY)
+
+    def read() -> int:
+        return committed_offsets(checkpoint, topics["transactions"])
+
     try:
         _wait_for_line(child, log_path, STARTED_LINE)
+        if preload:
+            started = time.monotonic()
+            if not _watch(child, log_path, tail, time.time() + PRELOAD_DRAIN_S, until=lambda: read() >= produced):
+                raise TimeoutError(f"the job evaluated {read():,} of {produced:,} preloaded transactions in time")
+            preloaded = (
+                f"{produced:,} transactions over {preload.hours:g} h of event time at {preload.rate:g} tx/s, "
+                f"{preload.window_minutes:,}-minute windows; the job evaluated them in "
+                f"{time.monotonic() - started:.0f} s before the live input started"
+            )
         events = workload(count=10**9, seed=99, first_id=10**9, events_per_second=rate).transactions()
         writer = KafkaRateWriter(bootstrap, topics["transactions"], events, rate, tick_s=KAFKA_TICK_S)
         writer.start()
-        checkpoint = JobConfig(data_dir=data_dir).checkpoint(EVALUATE_QUERY)
-
-        def read() -> int:
-            return committed_offsets(checkpoint, topics["transactions"])
-
         # the warm-up counts from the first micro-batch that evaluated transactions: start-up (Python workers, state
         # stores: 25 s or more, longer on a loaded machine) must not eat it, and the backlog it left is drained in it
         if not _watch(child, log_path, tail, time.time() + STARTUP_S, until=lambda: read() > 0):
@@ -486,13 +548,35 @@ def kafka_run(root: str, bootstrap: str, rate: float, warmup: float, seconds: fl
         in_delta=_delta_alerts(data_dir, since, until),
         behind=behind,
         memory=peak,
+        preloaded=preloaded,
     )
 
 
-def kafka_command(bootstrap: str, data_dir: str, topics: dict[str, str], profile: str) -> list[str]:
-    """The production command line of the job on Kafka, with the bench's rules (and the schema's DDL)."""
+def _produce_backlog(bootstrap: str, topic: str, events) -> int:
+    """Every event to the topic as fast as the broker takes them, stamped with the time it was sent."""
+    producer = kafka_producer(bootstrap, **{"linger.ms": 50, "queue.buffering.max.messages": 1_000_000})
+    sent = 0
+    for event in events:
+        event["ingestionTimestamp"] = int(time.time() * 1000)
+        value = json.dumps(event).encode()
+        while True:
+            try:
+                producer.produce(topic, value=value)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.1)
+        sent += 1
+        if sent % PRODUCE_POLL_EVERY == 0:
+            producer.poll(0)
+    if left := producer.flush(300):
+        raise RuntimeError(f"{left:,} preloaded transactions were not delivered")
+    return sent
+
+
+def kafka_command(bootstrap: str, data_dir: str, topics: dict[str, str], profile: str, rules: str) -> list[str]:
+    """The production command line of the job on Kafka, with the given rules (and the schema's DDL)."""
     command = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--source", "kafka"]
-    command += ["--kafka-bootstrap", bootstrap, "--data-dir", data_dir, "--rules", str(SCHEMAS[SCHEMA][2])]
+    command += ["--kafka-bootstrap", bootstrap, "--data-dir", data_dir, "--rules", rules]
     for kind, topic in topics.items():
         command += [f"--{kind}-topic", topic]
     if SCHEMAS[SCHEMA][0]:
@@ -669,6 +753,7 @@ def main(
     profile: str,
     rates: list[float] | None = None,
     warmup: float = 40.0,
+    preload: Preload | None = None,
 ) -> None:
     """Run the chosen modes, printing each one's figures as soon as it has them."""
     shards = CLUSTER_SHARDS if profile == "cluster" else JobConfig().shards
@@ -685,7 +770,7 @@ def main(
     if mode == "scale":
         print("\n".join(scale(root, profile)), flush=True)
     if mode == "kafka":
-        runs = kafka_mode(root, rates or [rate], warmup, seconds, profile)
+        runs = kafka_mode(root, rates or [rate], warmup, seconds, profile, preload)
         if rates:
             print(highest_sustained(runs), flush=True)
 
@@ -731,12 +816,25 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the latency and kafka modes")
     p.add_argument("--warmup", type=float, default=40.0, help="kafka mode: seconds of input not measured first")
     p.add_argument("--schema", choices=sorted(SCHEMAS), default="default", help="event schema, workload and rules")
+    p.add_argument(
+        "--preload-hours",
+        type=float,
+        default=0.0,
+        help="kafka mode: first this many hours of event time as a backlog the job drains, with every rule's "
+        "window that long (long-lived state under the live input)",
+    )
+    p.add_argument("--preload-rate", type=float, default=50.0, help="transactions/s of event time of the preload")
     a = p.parse_args(argv)
     global SCHEMA
     SCHEMA = a.schema
     if a.rates and a.mode != "kafka":
         p.error("--rates is for --mode kafka")
-    main(a.data_dir, a.mode, a.count, a.rate, a.seconds, a.profile, a.rates, a.warmup)
+    if a.preload_hours and a.mode != "kafka":
+        p.error("--preload-hours is for --mode kafka")
+    if a.preload_hours < 0 or a.preload_rate <= 0:
+        p.error("--preload-hours must be >= 0 and --preload-rate > 0")
+    preload = Preload(a.preload_hours, a.preload_rate) if a.preload_hours else None
+    main(a.data_dir, a.mode, a.count, a.rate, a.seconds, a.profile, a.rates, a.warmup, preload)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from fraudrules import cli
 from fraudrules.config import JobConfig
 from tools import bench
-from tools.bench import KafkaRun, committed_offsets, highest_sustained
+from tools.bench import LIVE_START_MS, KafkaRun, Preload, committed_offsets, highest_sustained
 
 
 def run(rate: float, latencies: list[float], **kwargs) -> KafkaRun:
@@ -70,7 +71,7 @@ def test_rates_are_a_comma_separated_list_of_positive_numbers():
 @pytest.mark.parametrize("profile", ["local", "cluster"])
 def test_the_job_command_is_a_valid_production_run(profile):
     topics = {kind: f"kafka-1000-{kind}" for kind in bench.KAFKA_KINDS}
-    command = bench.kafka_command("127.0.0.1:9092", "bench/work/kafka-1000", topics, profile)
+    command = bench.kafka_command("127.0.0.1:9092", "bench/work/kafka-1000", topics, profile, str(bench.BENCH_RULES))
     assert command[1:4] == ["-m", "fraudrules.cli", "run"]
     args = cli.parser().parse_args(command[3:])
     cfg = cli.config_from(vars(args))
@@ -97,3 +98,30 @@ def test_committed_offsets_are_those_of_the_last_committed_batch(tmp_path):
         (checkpoint / "commits" / str(batch)).write_text("v1\n{}")
     assert committed_offsets(str(checkpoint), "tx") == 30
     assert committed_offsets(str(checkpoint), "other") == 0
+
+
+def test_a_preload_spans_its_hours_of_event_time_and_ends_before_the_live_input(tmp_path):
+    preload = Preload(hours=0.5, rate=20)  # 36,000 s of events at 20/s: 35,820 of them (0.5% short)
+    events = list(preload.events())
+    assert len(events) == preload.count == 35_820
+    times = np.array([e["eventTime"] for e in events])
+    assert np.all(np.diff(times) >= 0) and times[-1] < LIVE_START_MS
+    assert LIVE_START_MS - 1_800_000 <= times[0] < LIVE_START_MS - 1_700_000  # starts half an hour before
+    assert len({e["transactionId"] for e in events}) == len(events) and max(e["transactionId"] for e in events) < 10**9
+    rules = json.loads(Path(preload.rules_file(str(tmp_path))).read_text())
+    assert len(rules) == len(json.loads(bench.BENCH_RULES.read_text())) and {r["windowMinutes"] for r in rules} == {30}
+    assert "on long-lived state: 4 transactions" in run(1_000, [100.0], preloaded="4 transactions").lines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preload-hours", "24"], "--preload-hours is for --mode kafka"),
+        (["--mode", "kafka", "--preload-hours", "-1"], "--preload-hours must be >= 0"),
+        (["--mode", "kafka", "--preload-hours", "24", "--preload-rate", "0"], "--preload-rate > 0"),
+    ],
+)
+def test_preload_options_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.cli(argv)
+    assert message in capsys.readouterr().err
