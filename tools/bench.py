@@ -121,6 +121,13 @@ def bench_rules(window_factor: int = 1) -> list[Rule]:
     return [replace(r, window_minutes=r.window_minutes * window_factor) for r in rules]
 
 
+def rules_file(folder: str, window_minutes: int) -> str:
+    """The bench rules with every window `window_minutes` long, as a rules file in `folder` (its path)."""
+    path = os.path.join(folder, f"rules-{window_minutes}m.json")
+    Path(path).write_text(json.dumps([r.to_json() | {"windowMinutes": window_minutes} for r in bench_rules()]))
+    return path
+
+
 def workload(**kwargs) -> Workload:
     """The benchmark's transactions, of the schema chosen."""
     return SCHEMAS[SCHEMA][1](**kwargs)
@@ -360,15 +367,6 @@ class Preload:
             count=self.count, seed=98, first_id=1, events_per_second=self.rate, start_ms=LIVE_START_MS - span_ms
         ).transactions()
 
-    def rules_file(self, folder: str) -> str:
-        """The bench rules with every window `window_minutes` long, as a file in `folder`."""
-        rules = json.loads(Path(SCHEMAS[SCHEMA][2]).read_text())
-        for rule in rules:
-            rule["windowMinutes"] = self.window_minutes
-        path = os.path.join(folder, "rules-preload.json")
-        Path(path).write_text(json.dumps(rules, indent=1))
-        return path
-
 
 @dataclass
 class KafkaRun:
@@ -482,7 +480,7 @@ def kafka_run(
         alerts[row["alertId"]] = (*stamps, received_ms)
 
     log_path = os.path.join(data_dir, "job.log")
-    rules = preload.rules_file(data_dir) if preload else str(SCHEMAS[SCHEMA][2])
+    rules = rules_file(data_dir, preload.window_minutes) if preload else str(SCHEMAS[SCHEMA][2])
     if preload:
         started = time.monotonic()
         produced = _produce_backlog(bootstrap, topics["transactions"], preload.events())
@@ -707,8 +705,7 @@ def scale(root: str, profile: str) -> list[str]:
     lines = [f"scale: `fraudrules backtest` of one file, {len(bench_rules())} rules, the whole command"]
     for records, window in SCALE:
         source = _one_file(folder, records)
-        rules = os.path.join(folder, f"rules-{window}m.json")
-        Path(rules).write_text(json.dumps([r.to_json() | {"windowMinutes": window} for r in bench_rules()]))
+        rules = rules_file(folder, window)
         command = [sys.executable, "-m", "fraudrules.cli", "backtest", "--transactions", source, "--rules", rules]
         command += ["--out", os.path.join(folder, "alerts.jsonl"), "--data-dir", os.path.join(folder, "work")]
         command += ["--fresh"] + (["--event-schema", SCHEMAS[SCHEMA][0]] if SCHEMAS[SCHEMA][0] else [])

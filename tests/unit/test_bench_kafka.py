@@ -108,7 +108,7 @@ def test_a_preload_spans_its_hours_of_event_time_and_ends_before_the_live_input(
     assert np.all(np.diff(times) >= 0) and times[-1] < LIVE_START_MS
     assert LIVE_START_MS - 1_800_000 <= times[0] < LIVE_START_MS - 1_700_000  # starts half an hour before
     assert len({e["transactionId"] for e in events}) == len(events) and max(e["transactionId"] for e in events) < 10**9
-    rules = json.loads(Path(preload.rules_file(str(tmp_path))).read_text())
+    rules = json.loads(Path(bench.rules_file(str(tmp_path), preload.window_minutes)).read_text())
     assert len(rules) == len(json.loads(bench.BENCH_RULES.read_text())) and {r["windowMinutes"] for r in rules} == {30}
     assert "on long-lived state: 4 transactions" in run(1_000, [100.0], preloaded="4 transactions").lines()[-1]
 
