@@ -28,7 +28,7 @@ def test_job_tables_checkpoint_every_100_commits(spark, tmp_path):
     for name in ("transactions", "alerts", "batches"):
         detail = tables.delta(spark, cfg, name).detail().first()
         assert detail.properties == {"delta.checkpointInterval": "100"}, name
-        assert tables.schema(spark, name) == tables.read(spark, cfg, name).schema, name
+        assert tables.schema(name) == tables.read(spark, cfg, name).schema, name
 
 
 RULE = {
