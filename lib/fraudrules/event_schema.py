@@ -37,6 +37,8 @@ SQL_INTEGER = {64: "BIGINT", 32: "INT", 16: "SMALLINT", 8: "TINYINT"}
 DECIMALS = ("DECIMAL", "DEC", "NUMERIC")
 MAX_DIGITS = 18  # a scaled value is a 64-bit integer: at most 18 decimal digits
 ID, TIME, INGESTED = "transactionId", "eventTime", "ingestionTimestamp"
+# Columns of the engine's input beside the declared fields (`engine_columns`, `inputs`): no field may take them.
+ENGINE_COLUMNS = ("srcTime", "srcId", "srcPos", "ruleChange", "shard")
 SYSTEM = (ID, TIME, INGESTED)  # always in the engine's input, never null (ingestionTimestamp: -1 when absent)
 VALUES_COMMENT = re.compile(r"^\s*values\s*:(.*)$", re.IGNORECASE | re.DOTALL)
 MASK_BITS = 63  # nullable numeric fields per null-mask column of the engine's input
@@ -349,6 +351,8 @@ def _resolved(ddl: str, roots: tuple[Node, ...]) -> EventSchema:
         leaf = replace(leaf, nullable=nullable, null_bit=null_bit)
         if leaf.column in seen_columns:
             raise SchemaError(f"{leaf.path} and {seen_columns[leaf.column]} would share the column {leaf.column}")
+        if leaf.column in ENGINE_COLUMNS or leaf.column.startswith("_nulls"):
+            raise SchemaError(f"{leaf.path}: the engine's input names its own column {leaf.column}; rename the field")
         seen_columns[leaf.column] = leaf.path
         leaves[leaf.path] = leaf
         return Node(node.name, node.path, node.not_null, leaf=leaf)

@@ -110,6 +110,9 @@ def test_ddl_spellings_comments_quotes_and_declared_values():
         ("transactionId BIGINT, eventTime BIGINT, d DECIMAL(20,19)", "d: DECIMAL(20,19) needs"),
         ("transactionId BIGINT, eventTime BIGINT, `a.b` INT", "a dot separates a struct's fields"),
         ("transactionId BIGINT, eventTime BIGINT, a INT NOT", "NOT must be followed by NULL"),
+        ("transactionId BIGINT, eventTime BIGINT, srcPos BIGINT", "srcPos: the engine's input names its own column"),
+        ("transactionId BIGINT, eventTime BIGINT, shard STRING", "shard: the engine's input names its own column"),
+        ("transactionId BIGINT, eventTime BIGINT, `_nulls0` INT", "_nulls0: the engine's input names its own column"),
     ],
 )
 def test_unusable_schemas_are_refused_naming_why(ddl, problem):
