@@ -37,8 +37,11 @@ SQL_INTEGER = {64: "BIGINT", 32: "INT", 16: "SMALLINT", 8: "TINYINT"}
 DECIMALS = ("DECIMAL", "DEC", "NUMERIC")
 MAX_DIGITS = 18  # a scaled value is a 64-bit integer: at most 18 decimal digits
 ID, TIME, INGESTED = "transactionId", "eventTime", "ingestionTimestamp"
-# Columns of the engine's input beside the declared fields (`engine_columns`, `inputs`): no field may take them.
-ENGINE_COLUMNS = ("srcTime", "srcId", "srcPos", "ruleChange", "shard")
+SOURCE_COLUMNS = ("srcTime", "srcId", "srcPos")  # the record's place in its source, after the fields
+NULL_MASK_PREFIX = "_nulls"  # the null-mask columns (`mask_column`)
+# Columns of the engine's input beside the declared fields: the source's, the rule change (`codec.RULE_CHANGE`) and
+# the shard label (`inputs`), besides the null masks. No field may take one of them.
+ENGINE_COLUMNS = (*SOURCE_COLUMNS, "ruleChange", "shard")
 SYSTEM = (ID, TIME, INGESTED)  # always in the engine's input, never null (ingestionTimestamp: -1 when absent)
 VALUES_COMMENT = re.compile(r"^\s*values\s*:(.*)$", re.IGNORECASE | re.DOTALL)
 MASK_BITS = 63  # nullable numeric fields per null-mask column of the engine's input
@@ -49,6 +52,11 @@ _TOKEN = re.compile(
 
 class SchemaError(ValueError):
     """A DDL text that is not a usable event schema."""
+
+
+def mask_column(null_bit: int) -> str:
+    """The null-mask column holding a field's null bit."""
+    return f"{NULL_MASK_PREFIX}{null_bit // MASK_BITS}"
 
 
 @dataclass(frozen=True)
@@ -148,14 +156,14 @@ class EventSchema:
     def mask_columns(self) -> tuple[str, ...]:
         """The null-mask columns of the engine's input (none when no numeric field may be null)."""
         n = sum(1 for f in self.fields.values() if f.null_bit >= 0)
-        return tuple(f"_nulls{k}" for k in range(-(-n // MASK_BITS)))
+        return tuple(mask_column(k * MASK_BITS) for k in range(-(-n // MASK_BITS)))
 
     def engine_columns(self) -> dict[str, str]:
         """The engine input's event columns and their Spark types: every leaf (coded ones as long, other
         strings as string), the null masks, then the source position."""
         out = {f.column: ("long" if f.coded else "string") for f in self.fields.values()}
         out.update(dict.fromkeys(self.mask_columns, "long"))
-        out.update({"srcTime": "long", "srcId": "long", "srcPos": "long"})
+        out.update(dict.fromkeys(SOURCE_COLUMNS, "long"))
         return out
 
     def changed_from(self, older: EventSchema) -> list[str]:
@@ -351,7 +359,7 @@ def _resolved(ddl: str, roots: tuple[Node, ...]) -> EventSchema:
         leaf = replace(leaf, nullable=nullable, null_bit=null_bit)
         if leaf.column in seen_columns:
             raise SchemaError(f"{leaf.path} and {seen_columns[leaf.column]} would share the column {leaf.column}")
-        if leaf.column in ENGINE_COLUMNS or leaf.column.startswith("_nulls"):
+        if leaf.column in ENGINE_COLUMNS or leaf.column.startswith(NULL_MASK_PREFIX):
             raise SchemaError(f"{leaf.path}: the engine's input names its own column {leaf.column}; rename the field")
         seen_columns[leaf.column] = leaf.path
         leaves[leaf.path] = leaf

@@ -8,7 +8,8 @@ import pytest
 
 from fraudrules import event_schema
 from fraudrules.config import JobConfig
-from fraudrules.event_schema import DEFAULT, SchemaError, parse
+from fraudrules.event_schema import DEFAULT, ENGINE_COLUMNS, SOURCE_COLUMNS, SchemaError, mask_column, parse
+from fraudrules.rules.codec import RULE_CHANGE
 
 RICH = (
     "transactionId BIGINT, eventTime BIGINT, payeeId BIGINT, beneficiaryId BIGINT, paymentAmount DECIMAL(18,2), "
@@ -118,6 +119,12 @@ def test_ddl_spellings_comments_quotes_and_declared_values():
 def test_unusable_schemas_are_refused_naming_why(ddl, problem):
     with pytest.raises(SchemaError, match=re.escape(problem)):
         parse(ddl)
+
+
+def test_the_reserved_columns_are_those_the_engine_adds():
+    assert RULE_CHANGE in ENGINE_COLUMNS and set(SOURCE_COLUMNS) <= set(DEFAULT.engine_columns())
+    nullable = parse("transactionId BIGINT, eventTime BIGINT, a INT")
+    assert nullable.mask_columns == (mask_column(nullable.fields["a"].null_bit),) == ("_nulls0",)
 
 
 def test_closest_names_for_a_misspelt_or_unprefixed_field():
