@@ -82,6 +82,15 @@ def test_base_over_chunks_equals_a_scan_of_every_retained_event(tmp_path, monkey
         assert got.high[i] == (high if aggregator == "MAX" else I64_MIN), i
 
 
+def test_a_chunk_counts_the_group_sizes_its_summary_shares_with_its_detail_once():
+    chunk = Indexed(_events(np.random.default_rng(5), 200, [1, 2], (0, MIN), 0, np.arange(9)).sorted())
+    detail, summary = (sum(a.nbytes for a in part.arrays()) for part in (chunk.detail, chunk.summary))
+    assert chunk.summary.size is chunk.detail.size
+    assert chunk.nbytes() == detail + summary - chunk.detail.size.nbytes
+    chunk.detail = None
+    assert chunk.nbytes() == summary
+
+
 def test_a_detail_read_again_never_displaces_one_held_since_its_chunk_was_written():
     rng = np.random.default_rng(3)
     events = [_events(rng, 100, [1], (0, MIN), 0, np.arange(9)).sorted() for _ in range(3)]

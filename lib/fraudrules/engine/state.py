@@ -243,7 +243,10 @@ class Indexed:
         self.summary = self.summary or Summary(self.detail)
 
     def nbytes(self) -> int:
-        return sum(part.nbytes() for part in (self.summary, self.detail) if part is not None)
+        """Bytes of the parts held, each array once (the summary's group sizes are the detail's own array)."""
+        parts = (self.summary, self.detail)
+        arrays = {id(a): a for part in parts if part is not None for a in part.arrays()}
+        return sum(a.nbytes for a in arrays.values())
 
 
 class Summary:
@@ -274,9 +277,8 @@ class Summary:
             at = np.where(pending, at + 1, at)
         return np.where(found, at, -1)
 
-    def nbytes(self) -> int:
-        arrays = (self.g, self.h2, self.size, self.t_first, self.t_last, self.sums, self.low, self.high)
-        return sum(a.nbytes for a in arrays)
+    def arrays(self) -> list[np.ndarray]:
+        return [self.g, self.h2, self.size, self.t_first, self.t_last, self.sums, self.low, self.high]
 
 
 class Detail:
@@ -334,10 +336,9 @@ class Detail:
             left, right = left >> 1, right >> 1
         return out
 
-    def nbytes(self) -> int:
+    def arrays(self) -> list[np.ndarray]:
         arrays = [*self.ev.columns().values(), self.first, self.size, *(t for t, _ in self._trees.values())]
-        arrays += [self.__dict__[k] for k in ("key", "cum") if k in self.__dict__]
-        return sum(a.nbytes for a in arrays)
+        return arrays + [self.__dict__[k] for k in ("key", "cum") if k in self.__dict__]
 
 
 def _tree(values: np.ndarray, op, identity: int) -> tuple[np.ndarray, int]:
@@ -399,8 +400,9 @@ class Budget:
                 if total <= self.limit or (resident and not displace):
                     break
                 if born != keep and getattr(chunk, part) is not None:
-                    total -= getattr(chunk, part).nbytes()
+                    before = chunk.nbytes()
                     setattr(chunk, part, None)
+                    total -= before - chunk.nbytes()
         self.held = {born: entry for born, entry in self.held.items() if entry[0].nbytes()}
 
     def held_bytes(self) -> int:
