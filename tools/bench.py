@@ -231,14 +231,13 @@ def _histogram(ms: np.ndarray, path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
     ax.hist(ms, bins=60, color="#4472c4")
     for q, style in ((50, "--"), (99, ":")):
         v = float(np.percentile(ms, q))
         ax.axvline(v, color="black", linestyle=style, label=f"p{q} {v:,.0f} ms")
     ax.set(title=title, xlabel="ingestion → alert handed to consumers (ms)", ylabel="alerts")
-    ax.legend()
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", ncols=2)  # below the axes: inside, it covered the p99 line or the bars
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
