@@ -35,7 +35,9 @@ def backtest(tmp_path: Path, name: str, *options: str, **env: str) -> dict[str, 
     command += ["--max-records-per-trigger", "500", *options]
     environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, **env}
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=environment, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the error's own lines first: a failed query's message ends with its plan, which fills the tail
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "Exception" in line][:8]
+    assert proc.returncode == 0, "\n".join(errors) + "\n...\n" + proc.stderr[-1500:]
     return {a["alertId"]: str(a["aggregate"]) for a in map(json.loads, out.read_text().splitlines())}
 
 
