@@ -59,6 +59,11 @@ def mask_column(null_bit: int) -> str:
     return f"{NULL_MASK_PREFIX}{null_bit // MASK_BITS}"
 
 
+def mask_bit(null_bit: int) -> int:
+    """A field's null bit as a value of its null-mask column (`mask_column`)."""
+    return 1 << (null_bit % MASK_BITS)
+
+
 @dataclass(frozen=True)
 class Field:
     """A declared leaf field, by dotted path."""

@@ -7,15 +7,17 @@ import json
 from decimal import Decimal
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from fraudrules import backtest, event_schema, tables
 from fraudrules.config import JobConfig
-from fraudrules.engine import ingest
+from fraudrules.engine import ingest, inputs, keying
 from fraudrules.event_schema import SchemaError
 from fraudrules.generator import RichWorkload, write_jsonl
 from fraudrules.rules.model import parse_rule, parse_rules_text
 from tests.support import reference
+from tests.support.harness import tx_rows
 from tests.support.streams import FileStream
 
 pytestmark = pytest.mark.spark
@@ -27,13 +29,33 @@ CHECKED = (
 GOOD = {"transactionId": 1, "eventTime": 1_700_000_000_000}
 
 
-def parsed(spark, schema: str, records: list) -> list[dict]:
+def raw_lines(spark, records: list):
+    """Records (or raw text) as the source's rows, one file."""
     lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
-    raw = spark.createDataFrame(
+    return spark.createDataFrame(
         [(line, 0, "f", i) for i, line in enumerate(lines)], "value string, srcTime long, srcName string, srcPos long"
     )
-    rows = ingest.parse(raw, event_schema.parse(schema)).orderBy("srcPos").collect()
+
+
+def parsed(spark, schema: str, records: list) -> list[dict]:
+    rows = ingest.parse(raw_lines(spark, records), event_schema.parse(schema)).orderBy("srcPos").collect()
     return [r.asDict(recursive=True) for r in rows]
+
+
+def test_null_masks_beyond_one_column_are_those_keying_reads(spark):
+    """70 nullable fields: bits 0-62 in `_nulls0`, 63-69 in `_nulls1`; the engine input's masks as the harness
+    (which stands for the input in unit tests) sets them, so keying reads each field's own bit."""
+    schema = event_schema.parse("transactionId BIGINT, eventTime BIGINT, " + ", ".join(f"f{i} INT" for i in range(70)))
+    every = (2, 3, 7, 62, 63, 64)  # record k leaves out the fields whose number is a multiple of k
+    records = [{**GOOD, **{f"f{i}": i for i in range(70) if i % k}} for k in every]
+    engine = inputs.numeric(ingest.parse(raw_lines(spark, records), schema), schema).orderBy("srcPos").toPandas()
+    expected = tx_rows(records, 0, schema)
+    assert schema.mask_columns == ("_nulls0", "_nulls1")
+    for name in schema.mask_columns:
+        assert engine[name].tolist() == expected[name].tolist()
+    tx = keying.Transactions.of(expected, schema)
+    absent = np.array([~tx.present(f"f{i}") for i in range(70)]).T
+    assert [np.flatnonzero(row).tolist() for row in absent] == [list(range(0, 70, k)) for k in every]
 
 
 def test_records_are_typed_or_quarantined_naming_the_field(spark):

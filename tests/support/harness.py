@@ -13,7 +13,7 @@ from fraudrules.engine.evaluation import Batch, step
 from fraudrules.engine.inputs import LOGIN_EVENT_COLUMNS
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Cache, Chunk, Indexed, Meta, Resets, ShardEvents
-from fraudrules.event_schema import DEFAULT, INGESTED, MASK_BITS, EventSchema, Field, mask_column
+from fraudrules.event_schema import DEFAULT, INGESTED, EventSchema, Field, mask_bit, mask_column
 from fraudrules.rules import store
 from fraudrules.rules.codec import RULE_CHANGE, encode_change, from_row
 from fraudrules.rules.model import Rule, parse_rule
@@ -74,7 +74,7 @@ def tx_rows(batch: list[dict], batch_no: int, schema: EventSchema = DEFAULT) -> 
             value = value_at(tx, f.path)
             row[f.column] = _coded(f, value) if f.coded else (None if value is None else str(value))
             if value is None and f.null_bit >= 0:
-                row[mask_column(f.null_bit)] |= 1 << (f.null_bit % MASK_BITS)
+                row[mask_column(f.null_bit)] |= mask_bit(f.null_bit)
         rows.append(row)
     columns = schema.engine_columns()
     frame = pd.DataFrame(rows, columns=list(columns))

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import ingest
-from fraudrules.event_schema import DEFAULT, MASK_BITS, EventSchema, Field
+from fraudrules.event_schema import DEFAULT, MASK_BITS, EventSchema, Field, mask_bit
 from fraudrules.rules.codec import RULE_CHANGE, change_column
 
 LOGIN_EVENT_COLUMNS = (
@@ -96,13 +96,11 @@ def _coded(f: Field) -> Column:
 
 
 def _null_masks(schema: EventSchema) -> list[Column]:
-    """Bit `null_bit % 63` of mask `null_bit // 63` set where a nullable coded field is null."""
+    """A nullable coded field's `mask_bit` set in its `mask_column` where it is null."""
     masks: list[Column] = []
     nullable = [f for f in schema.fields.values() if f.null_bit >= 0]
     for k, name in enumerate(schema.mask_columns):
-        bits = [
-            F.when(F.col(f.path).isNull(), F.lit(1 << (f.null_bit % MASK_BITS))).otherwise(F.lit(0)) for f in nullable
-        ]
+        bits = [F.when(F.col(f.path).isNull(), F.lit(mask_bit(f.null_bit))).otherwise(F.lit(0)) for f in nullable]
         bits = bits[k * MASK_BITS : (k + 1) * MASK_BITS]
         masks.append(sum(bits[1:], bits[0]).cast("long").alias(name))
     return masks

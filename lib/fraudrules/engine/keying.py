@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from fraudrules.engine.windowing import NULL_UNIQ
-from fraudrules.event_schema import DEFAULT, INGESTED, MASK_BITS, EventSchema, Field, mask_column
+from fraudrules.event_schema import DEFAULT, INGESTED, EventSchema, Field, mask_bit, mask_column
 from fraudrules.rules.model import COUNT_FIELDS, NULL_OPS, AnyOf, Condition, Not, Rule, Term
 
 _I64_MAX = 2**63 - 1
@@ -133,7 +133,7 @@ class Transactions:
         if not f.coded:
             return self.text(f.path).codes >= 0
         mask = self.column(mask_column(f.null_bit))
-        return (mask >> np.int64(f.null_bit % MASK_BITS)) & 1 == 0
+        return (mask & np.int64(mask_bit(f.null_bit))) == 0
 
     def parts(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """What the two group hashes take of a field: an integer field itself in both, a string field each of its
