@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from fraudrules import tables
 from fraudrules.config import EVALUATE_QUERY, RULES_QUERY, JobConfig
 from fraudrules.engine import job, state
-from fraudrules.engine.messages import iso_time
+from fraudrules.engine.messages import iso_time, plural
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
 from fraudrules.tables import exact_number, json_text
@@ -67,8 +67,9 @@ class BacktestResult:
             f"alerts: {self.alerts:,}; {self.seconds:.1f} s wall clock incl. query start-up "
             f"({self.rate:,.0f} events/s)",
         ]
-        lines += [f"  rule {rid}: {n:,} alerts" for rid, n in sorted(self.per_rule.items())]
-        lines += [f"  shadow rule {rid}: {n:,} hits (shadow_alerts)" for rid, n in sorted(self.shadow_per_rule.items())]
+        lines += [f"  rule {rid}: {plural(n, 'alert')}" for rid, n in sorted(self.per_rule.items())]
+        shadow = sorted(self.shadow_per_rule.items())
+        lines += [f"  shadow rule {rid}: {plural(n, 'hit')} (shadow_alerts)" for rid, n in shadow]
         return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import __version__, logs
 from fraudrules.config import TABLES, JobConfig, config_from, parse_options
+from fraudrules.engine.messages import plural
 from fraudrules.paths import input_problem, is_remote, output_problem
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         if args.data_dir is None:  # its tables and checkpoints were only the means to the alerts
             backtest.discard(cfg)
     print(result.summary())
-    print(f"wrote {n:,} alerts to {args.out}" + (f" (tables in {cfg.data_dir})" if args.data_dir else ""))
+    print(f"wrote {plural(n, 'alert')} to {args.out}" + (f" (tables in {cfg.data_dir})" if args.data_dir else ""))
     return 0
 
 
@@ -342,7 +343,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     spark = spark_session(short_lived=True, cfg=cfg)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     n = tables.export_jsonl(spark, cfg, args.table, args.out)
-    print(f"wrote {n:,} rows of {args.table} to {args.out}")
+    print(f"wrote {plural(n, 'row')} of {args.table} to {args.out}")
     spark.stop()
     return 0
 
@@ -355,7 +356,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     wl = kind(count=args.count, seed=args.seed, payees=args.payees, beneficiaries=args.beneficiaries)
     n = write_jsonl(args.out, wl.transactions(), per_file=args.per_file)
     files = -(-n // args.per_file)
-    print(f"wrote {n:,} transactions to {args.out} ({files:,} file{'s' if files != 1 else ''})")
+    print(f"wrote {plural(n, 'transaction')} to {args.out} ({plural(files, 'file')})")
     return 0
 
 

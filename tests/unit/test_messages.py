@@ -6,7 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from fraudrules.engine.messages import iso_time, key_label, money, number, rule_text, window_message
+from fraudrules.backtest import BacktestResult
+from fraudrules.engine.messages import iso_time, key_label, money, number, plural, rule_text, window_message
 from fraudrules.rules.model import parse_rule
 
 PAIR = '{"payeeId":"4","beneficiaryId":"36"}'
@@ -89,3 +90,22 @@ def test_money_keys_and_times():
     assert key_label("not json") == "not json"
     assert iso_time(1_700_000_000_250) == "2023-11-14T22:13:20.250Z"
     assert iso_time(None) == "-"
+
+
+def test_counts_of_one_are_singular_in_a_backtest_summary():
+    result = BacktestResult(
+        transactions=1,
+        logins=0,
+        quarantined=0,
+        late=0,
+        alerts=3,
+        seconds=2.0,
+        per_rule={1: 1, 2: 2},
+        shadow_per_rule={9: 1},
+    )
+    assert result.summary().splitlines()[2:] == [
+        "  rule 1: 1 alert",
+        "  rule 2: 2 alerts",
+        "  shadow rule 9: 1 hit (shadow_alerts)",
+    ]
+    assert (plural(1, "more key"), plural(1_000, "file")) == ("1 more key", "1,000 files")

@@ -17,6 +17,11 @@ AVG_PLACES = 2  # an average of counts is shown with this many decimals (an aver
 MONEY_PLACES = 2
 
 
+def plural(n: int, noun: str) -> str:
+    """`1 alert`, `2 alerts`."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def key_label(key_json: str) -> str:
     """`{"payeeId":"4","beneficiaryId":"36"}` as `payeeId=4, beneficiaryId=36`."""
     try:

@@ -23,7 +23,7 @@ import pandas as pd
 from pyspark.sql.streaming import StreamingQueryListener
 
 from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY
-from fraudrules.engine.messages import duration_text, iso_time
+from fraudrules.engine.messages import duration_text, iso_time, plural
 
 Printer = Callable[[str], None]
 _SAY = threading.Lock()
@@ -117,10 +117,6 @@ def batch_range_text(first: int, last: int, count: int) -> str:
     return f"batches {first}–{last}" if last - first + 1 == count else f"{count} batches of {first}–{last}"
 
 
-def plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
-
-
 def batch_lines(
     query: str, batch_id: int, heartbeat: Mapping[str, Any], alerts: pd.DataFrame, show: int = 5
 ) -> list[str]:
@@ -143,7 +139,7 @@ def batch_lines(
     if len(keys) > show:
         per_rule = alerts["ruleId"].value_counts().sort_index()
         rules = ", ".join(f"{r}: {n:,}" for r, n in per_rule.items())
-        lines.append(f"  … {len(keys) - show:,} more keys; all {len(alerts):,} alerts by rule: {rules}")
+        lines.append(f"  … {plural(len(keys) - show, 'more key')}; all {plural(len(alerts), 'alert')} by rule: {rules}")
     return lines
 
 
