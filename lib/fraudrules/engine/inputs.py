@@ -97,12 +97,12 @@ def _coded(f: Field) -> Column:
 
 def _null_masks(schema: EventSchema) -> list[Column]:
     """A nullable coded field's `mask_bit` set in its `mask_column` where it is null."""
-    masks: list[Column] = []
     nullable = [f for f in schema.fields.values() if f.null_bit >= 0]
+    bits = [F.when(F.col(f.path).isNull(), F.lit(mask_bit(f.null_bit))).otherwise(F.lit(0)) for f in nullable]
+    masks: list[Column] = []
     for k, name in enumerate(schema.mask_columns):
-        bits = [F.when(F.col(f.path).isNull(), F.lit(mask_bit(f.null_bit))).otherwise(F.lit(0)) for f in nullable]
-        bits = bits[k * MASK_BITS : (k + 1) * MASK_BITS]
-        masks.append(sum(bits[1:], bits[0]).cast("long").alias(name))
+        column = bits[k * MASK_BITS : (k + 1) * MASK_BITS]
+        masks.append(sum(column[1:], column[0]).cast("long").alias(name))
     return masks
 
 
