@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fraudrules.config import QUERIES
 from fraudrules.generator import LoginWorkload
 from fraudrules.rules.model import load_rules_file
 from tests.support import reference
@@ -187,7 +188,9 @@ def test_status_knows_the_job_whichever_command_started_it(tmp_path):
         job.send_signal(signal.SIGINT)
         job.wait(timeout=180)
         log.close()
-    assert "stopped cleanly" in (tmp_path / "run.log").read_text()
+    printed = (tmp_path / "run.log").read_text()
+    assert "stopped cleanly" in printed
+    assert all(f"[{q}] stopped\n" in printed for q in QUERIES), printed[-3000:]  # each query's own last line
     after = json.loads(fraudrules("status", cwd=tmp_path).stdout)
     assert (after["flags"]["running"], after["action"]) == (False, "start")
     assert after["reason"] == f"process {job.pid} is not running"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -139,3 +140,18 @@ def test_lines_said_by_many_threads_at_once_stay_whole(capsys):
     finally:
         sys.setswitchinterval(interval)
     assert sorted(capsys.readouterr().out.splitlines()) == sorted(sent)
+
+
+def test_a_stop_waits_for_each_query_to_report_its_end():
+    """Spark reports a query's end to the listener after `stop()` returns: the job waits for those reports (with a
+    bound) before it removes the listener, so that every query prints its last line."""
+    lines: list[str] = []
+    listener = progress.ProgressPrinter(lines.append)
+    for i, name in enumerate(("ingest", "evaluate")):
+        listener.onQueryStarted(SimpleNamespace(id=i, name=name))
+    assert listener.wait_ended(["ingest", "evaluate"], timeout_s=0.05) == ["ingest", "evaluate"]
+    listener.onQueryTerminated(SimpleNamespace(id=0, exception=None))
+    late = threading.Timer(0.2, listener.onQueryTerminated, [SimpleNamespace(id=1, exception="boom\nat ...")])
+    late.start()
+    assert listener.wait_ended(["ingest", "evaluate"], timeout_s=10) == []
+    assert lines[-2:] == ["[ingest] stopped", "[evaluate] FAILED: boom"]

@@ -166,7 +166,8 @@ class ProgressPrinter(StreamingQueryListener):
         self.first_batch: dict[str, float] = {}
         self.durations: dict[str, list[float]] = {}
         self.failed: dict[str, str] = {}
-        self.lock = threading.Lock()
+        self.ended: set[str] = set()  # queries whose termination was reported
+        self.lock = threading.Condition()
 
     def onQueryStarted(self, event) -> None:
         name = event.name or str(event.id)
@@ -201,6 +202,17 @@ class ProgressPrinter(StreamingQueryListener):
             self.printer(f"[{name}] FAILED: {first_line}")
         else:
             self.printer(f"[{name}] stopped")
+        with self.lock:
+            self.ended.add(name)
+            self.lock.notify_all()
+
+    def wait_ended(self, names: list[str], timeout_s: float) -> list[str]:
+        """Until the termination of each named query was reported, at most `timeout_s`: a query's events reach
+        the listener after `stop()` returns, and a listener removed before then never prints them. The names
+        still not reported."""
+        with self.lock:
+            self.lock.wait_for(lambda: self.ended.issuperset(names), timeout=timeout_s)
+            return [n for n in names if n not in self.ended]
 
     def waiting_for_first_batch(self, names: list[str]) -> list[str]:
         with self.lock:

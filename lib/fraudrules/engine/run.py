@@ -31,6 +31,7 @@ from fraudrules.rules.model import load_rules_file
 DRAIN_S = 60.0  # how long a stop waits for the micro-batches in progress
 TICK_S = 5.0  # progress of a long wait, this often
 REPORT_S = 10.0  # throughput of the stateful queries, this often
+ENDED_WAIT_S = 5.0  # after the stop, how long the queries' "stopped" lines may take to arrive
 
 
 class Writer(Protocol):
@@ -116,6 +117,7 @@ def run(
         printer(f"{reason}…" if failed else f"{reason}: micro-batches in progress finish (Ctrl-C again: at once)…")
         spark.sparkContext.setLogLevel("FATAL")  # a batch still running after the drain is interrupted: not an error
         drain(running, stop, 0 if failed else DRAIN_S, printer)
+        listener.wait_ended(list(running.by_name), ENDED_WAIT_S)
         spark.streams.removeListener(listener)
     return failed or failure(running)
 
