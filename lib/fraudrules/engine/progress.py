@@ -162,10 +162,8 @@ class ProgressPrinter(StreamingQueryListener):
     def __init__(self, printer: Printer = say):
         self.printer = printer
         self.names: dict[str, str] = {}
-        self.started: dict[str, float] = {}
         self.first_batch: dict[str, float] = {}
         self.durations: dict[str, list[float]] = {}
-        self.failed: dict[str, str] = {}
         self.ended: set[str] = set()  # queries whose termination was reported
         self.lock = threading.Condition()
 
@@ -173,7 +171,6 @@ class ProgressPrinter(StreamingQueryListener):
         name = event.name or str(event.id)
         with self.lock:
             self.names[str(event.id)] = name
-            self.started[name] = time.monotonic()
         self.printer(f"[{name}] started")
 
     def onQueryProgress(self, event) -> None:
@@ -197,8 +194,6 @@ class ProgressPrinter(StreamingQueryListener):
         name = self.names.get(str(event.id), str(event.id))
         if event.exception:
             first_line = str(event.exception).strip().splitlines()[0] if str(event.exception).strip() else "error"
-            with self.lock:
-                self.failed[name] = first_line
             self.printer(f"[{name}] FAILED: {first_line}")
         else:
             self.printer(f"[{name}] stopped")
