@@ -7,7 +7,9 @@ consumers (console, Kafka) minus the transaction's ingestionTimestamp; its Delta
 parquet file holding it was written. Peak memory = RSS of the driver, its JVM and Python workers.
 For the median micro-batch of each mode it prints where the time went. Scale (`--mode scale`): whole
 `fraudrules backtest` commands over one file of 1,000,000 and 5,000,000 records, their wall time and the peak
-memory of their process trees.
+memory of their process trees. CPU (`--mode cpu`): one whole `fraudrules backtest` of `--count` transactions and
+where its CPU went: by process (the driver JVM, each kind of Python worker) and by kind of JVM thread
+(tools/cpu_profile.py).
 
 Kafka end to end (`--mode kafka`, the figure users see): a local single-node broker
 (tests/support/kafka_broker.py) and the job as production runs it, `fraudrules run --no-generator --source kafka`
@@ -54,6 +56,7 @@ from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Worklo
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
 from fraudrules.session import get_spark
+from tools import cpu_profile
 
 BENCH_RULES = Path(__file__).with_name("bench_rules.json")
 # --schema rich: the rich event schema's transactions (11 fields, nested ones) and 6 rules on nested text keys
@@ -704,17 +707,8 @@ def scale(root: str, profile: str) -> list[str]:
     lines = [f"scale: `fraudrules backtest` of one file, {len(bench_rules())} rules, the whole command"]
     for records, window in SCALE:
         source = _one_file(folder, records)
-        rules = rules_file(folder, window)
-        command = [sys.executable, "-m", "fraudrules.cli", "backtest", "--transactions", source, "--rules", rules]
-        command += ["--out", os.path.join(folder, "alerts.jsonl"), "--data-dir", os.path.join(folder, "work")]
-        command += ["--fresh"] + (["--event-schema", SCHEMAS[SCHEMA][0]] if SCHEMAS[SCHEMA][0] else [])
-        env = dict(os.environ)
-        if profile == "cluster":
-            command += ["--catalog", "spark_catalog", "--schema", f"{BENCH_SCHEMA}_scale"]
-            command += ["--shards", str(CLUSTER_SHARDS), "--shuffle-partitions", str(CLUSTER_SHARDS)]
-            env[UPSTREAM_ENV] = "1"
         started = time.monotonic()
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = _backtest(source, rules_file(folder, window), folder, profile)
         memory = PeakMemory(pid=proc.pid)
         memory.start()
         out, err = proc.communicate()
@@ -726,6 +720,39 @@ def scale(root: str, profile: str) -> list[str]:
         alerts = next((line.split(";")[0] for line in out.splitlines() if line.startswith("alerts: ")), "alerts: ?")
         lines.append(f"{what} {elapsed:.1f} s, peak {peak}; {alerts}")
     return lines
+
+
+def _backtest(source: str, rules: str, folder: str, profile: str) -> subprocess.Popen:
+    """A whole `fraudrules backtest` command of the profile over `source`, started in a child process; its tables
+    in `folder`/work, its alerts in `folder`/alerts.jsonl."""
+    command = [sys.executable, "-m", "fraudrules.cli", "backtest", "--transactions", source, "--rules", rules]
+    command += ["--out", os.path.join(folder, "alerts.jsonl"), "--data-dir", os.path.join(folder, "work")]
+    command += ["--fresh"] + (["--event-schema", SCHEMAS[SCHEMA][0]] if SCHEMAS[SCHEMA][0] else [])
+    env = dict(os.environ)
+    if profile == "cluster":
+        command += ["--catalog", "spark_catalog", "--schema", f"{BENCH_SCHEMA}_{os.path.basename(folder)}"]
+        command += ["--shards", str(CLUSTER_SHARDS), "--shuffle-partitions", str(CLUSTER_SHARDS)]
+        env[UPSTREAM_ENV] = "1"
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def cpu(root: str, count: int, profile: str) -> list[str]:
+    """Where the CPU of a whole `fraudrules backtest` goes (tools/cpu_profile.py): `count` transactions of the
+    bench workload in files of PER_FILE, the bench rules."""
+    folder = os.path.join(root, "cpu")
+    shutil.rmtree(folder, ignore_errors=True)
+    source = os.path.join(folder, "tx")
+    files = -(-write_jsonl(source, workload(count=count).transactions(), per_file=PER_FILE) // PER_FILE)
+    proc = _backtest(source, str(SCHEMAS[SCHEMA][2]), folder, profile)
+    sampler = cpu_profile.Sampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    found = sampler.stop()
+    what = f"cpu: `fraudrules backtest` of {count:,} transactions ({files} files), {len(bench_rules())} rules"
+    if proc.returncode:
+        return [f"{what}: FAILED (exit {proc.returncode}) after {found.seconds:.1f} s: {err.strip()[-500:]}"]
+    alerts = next((line.split(";")[0] for line in out.splitlines() if line.startswith("alerts: ")), "alerts: ?")
+    return [f"{what}; {alerts}", *found.report()]
 
 
 def _one_file(folder: str, records: int) -> str:
@@ -765,6 +792,8 @@ def main(
         bench(root, mode, count, rate, seconds, profile)
     if mode == "scale":
         print("\n".join(scale(root, profile)), flush=True)
+    if mode == "cpu":
+        print("\n".join(cpu(root, count, profile)), flush=True)
     if mode == "kafka":
         runs = kafka_mode(root, rates or [rate], warmup, seconds, profile, preload)
         if rates:
@@ -795,13 +824,14 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default="bench/work", help="wiped and rewritten by every mode")
     p.add_argument(
         "--mode",
-        choices=["all", "throughput", "latency", "scale", "kafka"],
+        choices=["all", "throughput", "latency", "scale", "kafka", "cpu"],
         default="all",
         help="all: throughput and latency; scale: whole backtests of 1M and 5M records in one file; kafka: "
-        "`fraudrules run` on a local broker, alerts timed from the producer's send to the consumer's receive",
+        "`fraudrules run` on a local broker, alerts timed from the producer's send to the consumer's receive; "
+        "cpu: where the CPU of a whole backtest of --count transactions goes, by process and JVM thread",
     )
     p.add_argument("--profile", choices=PROFILES, default="local", help="local: a laptop's; cluster: the bundle's")
-    p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput mode")
+    p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput and cpu modes")
     p.add_argument("--rate", type=float, default=1_000.0, help="transactions/s of the latency and kafka modes")
     p.add_argument(
         "--rates",
