@@ -96,19 +96,8 @@ class PeakMemory(threading.Thread):
 
 
 def _tree_memory(root: int) -> tuple[int, int]:
-    children: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(pid))
     rss = pss = 0
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        stack.extend(children.get(pid, []))
+    for pid in cpu_profile.process_tree(root):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as fh:
                 kib = {line.split(":")[0]: int(line.split()[1]) for line in fh if line[:4] in ("Rss:", "Pss:")}

@@ -28,7 +28,7 @@ THREAD_KINDS = (
 @dataclass
 class Proc:
     kind: str
-    cpu: float = 0.0
+    cpu: float
 
 
 def _stat(path: str) -> tuple[str, int, float]:
@@ -37,6 +37,26 @@ def _stat(path: str) -> tuple[str, int, float]:
         text = fh.read()
     name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
     return name, int(rest[1]), (int(rest[11]) + int(rest[12])) / TICK
+
+
+def process_tree(root: int) -> dict[int, float]:
+    """CPU seconds of process `root` and of every descendant alive now, by pid (empty once `root` is gone)."""
+    children: dict[int, list[tuple[int, float]]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            _, ppid, cpu = _stat(f"/proc/{name}/stat")
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append((int(name), cpu))
+    try:
+        found, stack = {root: _stat(f"/proc/{root}/stat")[2]}, [root]
+    except (OSError, ValueError, IndexError):
+        return {}
+    while stack:
+        for pid, cpu in children.get(stack.pop(), []):
+            found[pid] = cpu
+            stack.append(pid)
+    return found
 
 
 def process_kind(argv: list[str]) -> str:
@@ -111,32 +131,13 @@ class Sampler(threading.Thread):
             self._halt.wait(self.interval_s)
 
     def sample(self) -> None:
-        for pid, cpu in self._tree():
+        for pid, cpu in process_tree(self.pid).items():
             # named at every sample: `spark-class` (bash) becomes the driver JVM by exec, under the same pid
             kind = process_kind(_argv(pid)) or (self.processes[pid].kind if pid in self.processes else "?")
             proc = self.processes[pid] = Proc(kind, cpu)
             if proc.kind == "driver JVM":
                 self._sample_threads(pid)
         self.timeline.append((time.monotonic() - self.started, sum(p.cpu for p in self.processes.values())))
-
-    def _tree(self) -> list[tuple[int, float]]:
-        """(pid, CPU seconds) of the root and every descendant alive now."""
-        children: dict[int, list[tuple[int, float]]] = {}
-        for name in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                _, ppid, cpu = _stat(f"/proc/{name}/stat")
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append((int(name), cpu))
-        try:
-            found, stack = [(self.pid, _stat(f"/proc/{self.pid}/stat")[2])], [self.pid]
-        except (OSError, ValueError, IndexError):
-            return []
-        while stack:
-            for pid, cpu in children.get(stack.pop(), []):
-                found.append((pid, cpu))
-                stack.append(pid)
-        return found
 
     def _sample_threads(self, pid: int) -> None:
         try:
