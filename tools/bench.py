@@ -235,7 +235,7 @@ def _histogram(ms: np.ndarray, path: str, title: str) -> None:
 
 
 def latency(spark, root: str, rate: float, seconds: float, logins: bool, profile: str) -> list[str]:
-    """The continuous job at `rate` tx/s (with the login detector beside it when `logins`)."""
+    """The continuous job at `rate` tx/s (and with `logins`, login events at a tenth of it, for the login detector)."""
     name = "latency-logins" if logins else "latency"
     cfg = profiled(job_config(data_dir=os.path.join(root, name), logins=logins), profile)
     _fresh(spark, cfg, bench_rules() + ([parse_rule(LOGIN_RULE)] if logins else []))

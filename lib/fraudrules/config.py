@@ -28,14 +28,14 @@ JOB_TABLES = (
 )
 TABLES = JOB_TABLES
 
-# Streaming queries of the job, each with its own checkpoint folder of that name.
+# Streaming queries of the job, each with its own checkpoint folder of that name. One stateful query, `evaluate`,
+# runs the window rules and (with login detection) the login detector.
 RULES_QUERY = "rules"
 INGEST_QUERY = "ingest"
 EVALUATE_QUERY = "evaluate"
 LOGINS_INGEST_QUERY = "ingest_logins"
-LOGINS_QUERY = "detect_logins"
 TRANSACTION_QUERIES = (RULES_QUERY, INGEST_QUERY, EVALUATE_QUERY)
-QUERIES = (*TRANSACTION_QUERIES, LOGINS_INGEST_QUERY, LOGINS_QUERY)
+QUERIES = (*TRANSACTION_QUERIES, LOGINS_INGEST_QUERY)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class JobConfig:
     # events. Beyond it, a chunk is read again from the worker's local disk cache when a micro-batch needs it.
     state_memory_mb: int = 128
     transactions_source: str | None = None  # folder of JSON-lines files; default <data>/landing/transactions
-    logins: bool = False  # also run the login anomaly detector (seed 000)
+    logins: bool = False  # the evaluate query also runs the login anomaly detector (seed 000) over login events
     logins_source: str | None = None  # folder of login-event JSON-lines files; default <data>/landing/logins
     # Kafka (`source="kafka"`): transactions and logins from topics; rule changes / alerts via topics when named.
     source: str = "files"  # "files" | "kafka"

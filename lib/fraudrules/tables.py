@@ -79,7 +79,7 @@ SCHEMAS: dict[str, str] = {
     "batches": (
         "query string, batchId long, committedAt timestamp, inputRows long, alerts long, lateEvents long, "
         "watermarkMs long, latencyP50Ms double, latencyP99Ms double, latencyMaxMs double, retainedEvents long, "
-        "chunks int, chunksFromStore int, transactions long, pythonMs double, pythonStages string"
+        "chunks int, chunksFromStore int, transactions long, pythonMs double, pythonStages string, logins long"
     ),
 }
 
@@ -110,23 +110,24 @@ def _missing(declared: StructType, existing: StructType, prefix: str = "") -> tu
     return added, changed
 
 
-def evolve_bronze(spark: SparkSession, cfg: JobConfig) -> list[str]:
-    """Give bronze `transactions` the columns of fields the event schema added (Delta schema evolution: an empty
-    append with mergeSchema); the fields added. SchemaError when a declared field has another type there."""
-    declared = schema("transactions", cfg)
+def evolve(spark: SparkSession, cfg: JobConfig, name: str) -> list[str]:
+    """Give a table the columns its DDL declares and it lacks (bronze `transactions`: the fields the event schema
+    added; a job table: the columns a newer release added), by Delta schema evolution (an empty append with
+    mergeSchema); the columns added. SchemaError when a declared column has another type there."""
+    declared = schema(name, cfg)
     if uses_delta_rs(cfg):
-        existing = StructType.fromJson(json.loads(DeltaRsWriter(spark, cfg).table("transactions").schema().to_json()))
+        existing = StructType.fromJson(json.loads(DeltaRsWriter(spark, cfg).table(name).schema().to_json()))
     else:
-        existing = read(spark, cfg, "transactions").schema
+        existing = read(spark, cfg, name).schema
     added, changed = _missing(declared, existing)
     if changed:
-        raise SchemaError("bronze transactions cannot change a column's type: " + "; ".join(changed))
+        raise SchemaError(f"table {name} cannot change a column's type: " + "; ".join(changed))
     if added:
         writer = spark.createDataFrame([], declared).write.format("delta").mode("append").option("mergeSchema", "true")
         if cfg.uses_catalog:
-            writer.saveAsTable(cfg.table("transactions"))
+            writer.saveAsTable(cfg.table(name))
         else:
-            writer.save(cfg.table("transactions"))
+            writer.save(cfg.table(name))
     return added
 
 

@@ -72,7 +72,9 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
     assert result["rows"]["quarantine"] == 17
     tables = backtest_data / "tables"
     assert re.fullmatch(rf"{tables}/alerts @ Delta version \d+", result["read"]["alerts"])
-    assert re.fullmatch(rf"{backtest_data}/checkpoints/detect_logins @ batch \d+ .*", result["read"]["login_state"])
+    assert re.fullmatch(
+        rf"{backtest_data}/checkpoints/evaluate @ batch \d+ \(watermark \d+ ms\)", result["read"]["login_state"]
+    )
     assert re.search(r"^ +window_state +batch \d+ +\d+ passed$", log, re.M)  # the job environment's summary, in the log
     assert "Traceback" not in log and "pendulum" not in log
     docs = backtest_data / "dq" / "docs"

@@ -189,7 +189,7 @@ def test_late_events_go_to_the_late_table_and_idle_keys_leave_no_state(spark, tm
         far = 30 * 1_000 + MIN + 10_000
         stream.feed([txn(100, far, 99)])  # watermark moves past every key's newest event + window
         stream.feed([txn(101, far + 1, 99), txn(102, 500, 1)])  # 102 is late
-        stream.feed([txn(103, far + 2, 99)])  # timers of the idle shards fire by now
+        stream.feed([txn(103, far + 2, 99)])  # every shard pruned its keys at each of these batches
     finally:
         stream.stop()
     late = stream.table("late_events").collect()

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pandas as pd
 
 from fraudrules.engine.evaluation import Batch, step
-from fraudrules.engine.inputs import LOGIN_EVENT_COLUMNS
+from fraudrules.engine.inputs import LOGIN_COLUMNS, LOGIN_FIELDS, login_column
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Cache, Chunk, Indexed, Meta, Resets, ShardEvents
 from fraudrules.event_schema import DEFAULT, INGESTED, EventSchema, Field, mask_bit, mask_column
@@ -195,10 +195,32 @@ def login_rule(min_failures: int = 3, min_ips: int = 2, window_ms: int = 600_000
     )
 
 
-def login_frame(batch: list[dict], batch_no: int) -> pd.DataFrame:
-    """Login events as the login stage receives them (for one shard)."""
-    rows = [{**e, "ingestionTimestamp": -1, "srcTime": batch_no, "srcId": 0, "srcPos": i} for i, e in enumerate(batch)]
+LOGIN_EVENT_COLUMNS = (*LOGIN_FIELDS, "srcTime", "srcId", "srcPos")  # what the login step reads
+
+
+def login_frame(batch: list[dict], batch_no: int, ingested: int = -1) -> pd.DataFrame:
+    """Login events as the login step reads them (for one shard)."""
+    rows = [
+        {**e, "ingestionTimestamp": ingested, "srcTime": batch_no, "srcId": 0, "srcPos": i} for i, e in enumerate(batch)
+    ]
     return pd.DataFrame(rows, columns=list(LOGIN_EVENT_COLUMNS)).assign(**{RULE_CHANGE: None})
+
+
+def detector_frame(*parts: pd.DataFrame, schema: EventSchema = DEFAULT) -> pd.DataFrame:
+    """Transactions (`tx_rows`), login events (`login_frame`) and rule changes (`RuleStream.changes` with
+    `detector_columns`) as the evaluate query's processor receives them with login detection on: every column of
+    both kinds, those of the other kind 0 or null."""
+    columns = detector_columns(schema)
+    logins = {n: login_column(n) for n in LOGIN_FIELDS}
+    renamed = [p.rename(columns=logins) if "eventType" in p else p for p in parts]
+    frame = pd.concat(renamed, ignore_index=True)
+    for name, kind in columns.items():
+        frame[name] = frame[name].fillna(0).astype("int64") if kind == "long" else frame[name]
+    return frame[[*columns, RULE_CHANGE]]
+
+
+def detector_columns(schema: EventSchema = DEFAULT) -> dict[str, str]:
+    return {**schema.engine_columns(), **LOGIN_COLUMNS}
 
 
 def rule(rid, field="paymentAmount", agg="SUM", op="GREATER", limit="0", window=1, keys=("payeeId",), **kw) -> Rule:

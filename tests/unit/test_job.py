@@ -1,11 +1,15 @@
-"""Starting a query: on a checkpoint that a kill left half-made; how often each query triggers."""
+"""Starting a query: on a checkpoint that a kill left half-made, or that started with other sources; how often each
+query triggers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fraudrules.config import QUERIES, RULES_QUERY, JobConfig
-from fraudrules.engine.job import STATEFUL, discard_unstarted, trigger_seconds
+import pytest
+
+from fraudrules.config import EVALUATE_QUERY, QUERIES, RULES_QUERY, JobConfig
+from fraudrules.engine.job import STATEFUL, check_sources, discard_unstarted, trigger_seconds
+from fraudrules.event_schema import SchemaError
 
 
 def _touch(path: Path) -> None:
@@ -42,3 +46,26 @@ def test_rule_changes_are_looked_for_more_often_than_bronze_is_committed():
         q: 0.2 if q in STATEFUL else 0.7 if q == RULES_QUERY else 9.0 for q in QUERIES
     }
     assert trigger_seconds(JobConfig(data_dir="d"), RULES_QUERY) == 0.5
+
+
+def _offsets(checkpoint: Path, batch: int, sources: int) -> None:
+    """An offset log entry as Spark writes it: a version, the batch's metadata, one offset per source."""
+    lines = ["v1", '{"batchWatermarkMs":0}', *['{"file":0,"line":0}'] * sources]
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "offsets" / str(batch)).write_text("\n".join(lines))
+
+
+def test_login_detection_cannot_change_on_a_checkpoint_that_has_run(tmp_path):
+    off, on = JobConfig(data_dir=str(tmp_path)), JobConfig(data_dir=str(tmp_path), logins=True)
+    check_sources(off)  # no batch yet: anything goes
+    check_sources(on)
+    evaluate = Path(off.checkpoint(EVALUATE_QUERY))
+    _offsets(evaluate, 0, sources=3)  # transactions, login events, rule changes
+    _offsets(evaluate, 1, sources=3)
+    check_sources(on)
+    with pytest.raises(SchemaError, match=r"was started with login detection on.* run it with login detection on"):
+        check_sources(off)
+    _offsets(evaluate, 2, sources=2)  # the newest batch is what counts
+    check_sources(off)
+    with pytest.raises(SchemaError, match="was started with login detection off"):
+        check_sources(on)

@@ -1,15 +1,15 @@
-"""The two transformWithState processors with PySpark's in-memory TwsTester: no Spark session.
+"""The evaluate query's transformWithState processor with PySpark's in-memory TwsTester: no Spark session.
 
-What the pure steps do is tested beside them (test_windowing.py, test_logins.py); here, what the adapters add:
-rules held per shard from the rule-change rows, events kept as chunks in map state and read back the next
-batch (from the worker's cache or, on a fresh worker, from the state), the coalesced cleanup timer, expiry
-through it, and late rows reported. (The Spark tier runs the same processors in real queries.)
+What the pure steps do is tested beside them (test_windowing.py, test_logins.py); here, what the adapter adds:
+rules held per shard from the rule-change rows, events kept as chunks in map state and read back the next batch
+(from the worker's cache or, on a fresh worker, from the state), each detector's own watermark from the event
+times it has seen, late rows reported, state pruned to that watermark at every batch, and the two detectors
+routed in one processor. (The Spark tier runs the same processor in real queries.)
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pandas as pd
 from pyspark.sql.streaming.tws_tester import TwsTester
@@ -17,24 +17,29 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from fraudrules.engine import state as shard_state
 from fraudrules.engine.evaluation import LATE_REASON
 from fraudrules.engine.logins import decode_sequences
-from fraudrules.engine.processors import LoginProcessor, RulesProcessor
+from fraudrules.engine.processors import Detectors
 from fraudrules.rules.model import parse_rule
-from tests.support.harness import LOGIN_EVENT_COLUMNS, RuleStream, login_frame, login_rule, rule, tx_rows
+from tests.support.harness import (
+    RuleStream,
+    detector_columns,
+    detector_frame,
+    login_frame,
+    login_rule,
+    rule,
+    tx_rows,
+)
 from tests.support.harness import login_event as login
 
 MIN = 60_000
-COALESCE = 10_000
 SHARD = 7  # the shard's grouping label (see inputs.shard_labels)
 
 
-def in_memory(processor) -> TwsTester:
-    # The job drops its watermark column right after declaring it (inputs.watermarked), so Spark hands late
-    # rows to the processor, which reports them: to the tester, no row is late.
-    return TwsTester(processor, timeMode="EventTime", eventTimeExtractor=lambda _row: sys.maxsize)
+def in_memory(processor: Detectors) -> TwsTester:
+    return TwsTester(processor, timeMode="None")
 
 
-def rules_processor(namespace: str, **settings) -> RulesProcessor:
-    return RulesProcessor(lateness_ms=MIN, labels=[SHARD], namespace=namespace, timer_coalesce_ms=COALESCE, **settings)
+def rules_processor(namespace: str, **settings) -> Detectors:
+    return Detectors(lateness_ms=MIN, labels=[SHARD], namespace=namespace, **settings)
 
 
 def tx(tid: int, t: int, payee: int = 1) -> dict:
@@ -65,7 +70,7 @@ def meta(t: TwsTester) -> shard_state.Meta:
     return shard_state.Meta.from_json(t.peekValueState("meta", SHARD)[0])
 
 
-# ------------------------------------------------------------------ RulesProcessor
+# ------------------------------------------------------------------ the window rules
 
 
 COUNT = rule(1, field="COUNT_FLINK", op="GREATER_EQUAL", limit="2", window=1)
@@ -84,8 +89,7 @@ def test_rules_processor_keeps_a_shards_rules_and_events_between_batches(tmp_pat
     assert retained(t) == [1_000, 2_000, 2_000]
     m = meta(t)
     assert m.next_seq == 3 and len(m.chunks) == 2  # one chunk appended per micro-batch
-    # one coalesced timer: the first multiple of COALESCE at or after newest event + window + 1
-    assert m.timer == 70_000 and list(t.handle._timers.listTimers(SHARD)) == [70_000]
+    assert m.clock == 2_000  # the newest transaction time: the next batch's watermark is this minus the lateness
     rules = json.loads(t.peekValueState("rules", SHARD)[0])
     assert rules["rules"]["1"][1] == "ACTIVE"
 
@@ -124,29 +128,27 @@ def test_rules_processor_keeps_no_decoded_events_beyond_its_memory_budget(tmp_pa
     assert {a for a in found[0] if a[1] == 52} == {(1, 52, "8"), (2, 52, "8")}  # 4 batches of 2 in [t − 1 min, t]
 
 
-def test_rules_processor_timer_drops_expired_chunks_and_leaves_no_events(tmp_path, monkeypatch):
+def test_rules_processor_prunes_at_every_batch_to_its_own_watermark(tmp_path, monkeypatch):
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
-    t, stream = in_memory(rules_processor("expire")), RuleStream()
+    t, stream = in_memory(rules_processor("prune")), RuleStream()
     t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
-    assert t.setWatermark(69_999).empty  # before the timer: nothing fires
-    assert retained(t) == [1_000]
-    fired = t.setWatermark(70_000)
-    assert list(fired.columns) and fired.empty  # the timer path emits no rows
-    assert t.peekMapState("chunks", SHARD) == {} and meta(t).chunks == []
-    assert list(t.handle._timers.listTimers(SHARD)) == []
+    t.testInPandas(SHARD, rows(stream, [tx(2, 100_000, payee=2)], 1))  # watermark 40,000 next: 1,000 still reachable
+    assert retained(t) == [1_000, 100_000]
+    t.testInPandas(SHARD, rows(stream, [tx(3, 125_000, payee=3)], 2))  # watermark 65,000 next: 1,000 is gone
+    assert retained(t) == [100_000, 125_000] and len(meta(t).chunks) == 2
     assert t.peekValueState("rules", SHARD) is not None  # the rules stay: they are not window state
 
 
 def test_rules_processor_reports_late_rows_and_does_not_evaluate_them(tmp_path, monkeypatch):
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
     t, stream = in_memory(rules_processor("late")), RuleStream()
-    t.setWatermark(100_000)
-    out = t.testInPandas(SHARD, rows(stream, [tx(1, 50_000), tx(2, 150_000), tx(3, 150_000)], 0, [COUNT]))
+    t.testInPandas(SHARD, rows(stream, [tx(9, 160_000, payee=9)], 0, [COUNT]))  # watermark 100,000 from now on
+    out = t.testInPandas(SHARD, rows(stream, [tx(1, 50_000), tx(2, 150_000), tx(3, 150_000)], 1))
     late = out[out["kind"] == "late"]
     assert list(late["transactionId"]) == [1] and list(late["watermark"]) == [100_000]
     assert list(late["reason"]) == [LATE_REASON] and list(late["key"]) == ['{"payeeId":"1"}']
     assert list(out[out["kind"] == "alert"]["transactionId"]) == [3]  # 2 and 3 counted, 1 not
-    assert retained(t) == [150_000, 150_000]
+    assert retained(t) == [150_000, 150_000, 160_000]
 
 
 def test_rules_processor_clear_state_all_starts_the_windows_afresh(tmp_path, monkeypatch):
@@ -171,45 +173,86 @@ def test_rules_processor_rule_change_arrives_with_the_events_it_applies_to(tmp_p
     assert list(out[out["kind"] == "alert"]["ruleVersion"]) == [2]
 
 
-# ------------------------------------------------------------------ LoginProcessor
+# ------------------------------------------------------------------ the login detector beside the window rules
 
 
 W = 10 * MIN
+LOGINS_INGESTED = 7_777  # the login events' ingestionTimestamp: the transactions have their own column of that name
 
 
-def login_rows(stream: RuleStream, batch: list[dict], batch_no: int, rules=()) -> pd.DataFrame:
-    return pd.concat(
-        [login_frame(batch, batch_no), stream.changes(list(rules), LOGIN_EVENT_COLUMNS)], ignore_index=True
-    )
+def both(namespace: str, labels=(SHARD,)) -> TwsTester:
+    return in_memory(Detectors(lateness_ms=MIN, labels=list(labels), namespace=namespace, detect_logins=True))
 
 
-def test_login_processor_alerts_across_batches_and_closes_the_sequence():
-    t, stream = in_memory(LoginProcessor([SHARD], timer_coalesce_ms=COALESCE)), RuleStream()
+def login_rows(stream: RuleStream, batch: list[dict], batch_no: int, rules=(), transactions=()) -> pd.DataFrame:
+    changes = stream.changes(list(rules), detector_columns())
+    logins = login_frame(batch, batch_no, ingested=LOGINS_INGESTED)
+    return detector_frame(tx_rows(list(transactions), batch_no), logins, changes)
+
+
+def sequences(t: TwsTester, shard: int = SHARD) -> dict:
+    blob = t.peekValueState("login_sequences", shard)
+    return {k: s.ips for k, s in decode_sequences(bytes(blob[0])).items()} if blob else {}
+
+
+def test_login_detector_alerts_across_batches_and_closes_the_sequence(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = both("seq"), RuleStream()
     t.testInPandas(
         SHARD, login_rows(stream, [login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)], 0, [login_rule()])
     )
-    (blob,) = t.peekValueState("sequences", SHARD)
-    assert {k: s.ips for k, s in decode_sequences(blob).items()} == {(1, 1): ["a", "b"]}
-    assert t.peekValueState("meta", SHARD) == (610_000,)  # start + W + 1, rounded up to COALESCE
+    assert sequences(t) == {(1, 1): ["a", "b"]} and t.peekValueState("login_clock", SHARD) == (2_000,)
     out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 1))
-    assert list(out[out["kind"] == "alert"]["userId"]) == [1]
-    assert t.peekValueState("sequences", SHARD) is None and t.peekValueState("meta", SHARD) == (-1,)
-    assert list(t.handle._timers.listTimers(SHARD)) == []
+    alert = out[out["kind"] == "alert"]
+    assert list(alert["userId"]) == [1] and list(alert["ingestionTimestamp"]) == [LOGINS_INGESTED]
+    assert t.peekValueState("login_sequences", SHARD) is None and t.peekValueState("login_clock", SHARD) == (4_000,)
+    stats = json.loads(out[out["kind"] == "stats"]["details"].iloc[0])
+    assert stats["logins"] == 2 and stats["transactions"] == 0
 
 
-def test_login_processor_timer_drops_an_expired_sequence():
-    t, stream = in_memory(LoginProcessor([SHARD], timer_coalesce_ms=COALESCE)), RuleStream()
+def test_login_detector_drops_a_sequence_no_event_can_join_any_more(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = both("expire"), RuleStream()
     t.testInPandas(SHARD, login_rows(stream, [login(7, "FAIL", "a", 1_000)], 0, [login_rule()]))
-    assert t.setWatermark(609_999).empty and t.peekValueState("sequences", SHARD) is not None
-    t.setWatermark(610_000)
-    assert t.peekValueState("sequences", SHARD) is None and t.peekValueState("meta", SHARD) == (-1,)
+    t.testInPandas(SHARD, login_rows(stream, [login(8, "FAIL", "b", 661_000)], 1))  # next watermark 601,000: open
+    assert set(sequences(t)) == {(1, 7), (1, 8)}
+    t.testInPandas(SHARD, login_rows(stream, [login(8, "FAIL", "c", 661_001)], 2))  # 601,001: 1,000 + W behind it
+    assert sequences(t) == {(1, 8): ["b", "c"]}
 
 
-def test_login_processor_reports_late_events():
-    t, stream = in_memory(LoginProcessor([SHARD], timer_coalesce_ms=COALESCE)), RuleStream()
-    t.setWatermark(100_000)
-    batch = [login(1, "FAIL", "a", 5_000), login(2, "FAIL", "b", 200_000)]
-    out = t.testInPandas(SHARD, login_rows(stream, batch, 0, [login_rule()]))
+def test_login_detector_reports_late_events(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = both("late-logins"), RuleStream()
+    t.testInPandas(SHARD, login_rows(stream, [login(3, "FAIL", "c", 160_000)], 0, [login_rule()]))
+    out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "a", 5_000), login(2, "FAIL", "b", 200_000)], 1))
     late = out[out["kind"] == "late"]
     assert list(late["userId"]) == [1] and list(late["watermark"]) == [100_000]
-    assert {k[1] for k in decode_sequences(t.peekValueState("sequences", SHARD)[0])} == {2}
+    assert {k[1] for k in sequences(t)} == {2, 3}
+
+
+def test_each_detector_keeps_its_own_watermark(tmp_path, monkeypatch):
+    """Login events an hour ahead of the transactions: Spark's one watermark per query would make the
+    transactions late; each detector's own keeps them apart."""
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = both("apart"), RuleStream()
+    hour = 60 * MIN
+    first = login_rows(
+        stream, [login(1, "FAIL", "a", hour)], 0, [COUNT, login_rule(rule_id=2)], transactions=[tx(1, 1_000)]
+    )
+    t.testInPandas(SHARD, first)
+    out = t.testInPandas(SHARD, login_rows(stream, [login(2, "FAIL", "b", 5_000)], 1, transactions=[tx(2, 2_000)]))
+    assert list(out[out["kind"] == "alert"]["transactionId"]) == [2]  # tx 1 and 2 in the window: not late
+    late = out[out["kind"] == "late"]
+    assert list(late["userId"]) == [2] and list(late["watermark"]) == [hour - MIN]
+    assert meta(t).clock == 2_000 and t.peekValueState("login_clock", SHARD) == (hour,)
+
+
+def test_a_shard_keeps_its_own_users_sequences_and_every_logins_time(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    other = SHARD + 1  # shard 1 of 2: users with odd ids
+    t, stream = both("owners", labels=(SHARD, other)), RuleStream()
+    batch = [login(1, "FAIL", "a", 1_000), login(2, "FAIL", "b", 2_000), login(3, "FAIL", "c", 90_000)]
+    t.testInPandas(SHARD, login_rows(stream, batch, 0, [login_rule()]))
+    t.testInPandas(other, login_rows(RuleStream(), batch, 0, [login_rule()]))
+    assert set(sequences(t, SHARD)) == {(1, 2)} and set(sequences(t, other)) == {(1, 1), (1, 3)}
+    assert t.peekValueState("login_clock", SHARD) == t.peekValueState("login_clock", other) == (90_000,)

@@ -26,15 +26,22 @@ def fresh_tallies(monkeypatch):
 
 
 def heartbeat(**values) -> dict:
-    return {"transactions": 0, "inputRows": 0, "lateEvents": 0, "latencyP50Ms": None, "latencyP99Ms": None, **values}
+    return {
+        "transactions": 0,
+        "logins": 0,
+        "inputRows": 0,
+        "lateEvents": 0,
+        "latencyP50Ms": None,
+        "latencyP99Ms": None,
+        **values,
+    }
 
 
 def test_a_batch_without_alerts_prints_nothing_but_is_counted():
     assert progress.batch_lines("evaluate", 3, heartbeat(transactions=212), alerts()) == []
-    assert progress.batch_lines("detect_logins", 3, heartbeat(inputRows=20), alerts()) == []
-    taken = progress.TALLIES.take()
-    assert (taken["evaluate"].events, taken["evaluate"].batches) == (212, 1)
-    assert taken["detect_logins"].events == 20  # login events: the keyed rows of the detector
+    assert progress.batch_lines("evaluate", 4, heartbeat(transactions=100, logins=20, inputRows=500), alerts()) == []
+    taken = progress.TALLIES.take()["evaluate"]
+    assert (taken.transactions, taken.logins, taken.batches) == (312, 20, 2)
 
 
 def test_a_batch_with_alerts_shows_one_line_per_rule_and_key():
@@ -60,21 +67,26 @@ def test_a_batch_with_alerts_shows_one_line_per_rule_and_key():
 
 def test_a_printed_batch_names_the_batches_before_it_that_had_no_alerts():
     one = alerts((1, '{"payeeId":"4"}', 100, None, 1_700_000_000_000, "COUNT = 3"))
-    assert progress.batch_lines("detect_logins", 3, heartbeat(), one)[0].endswith("in 0 login events")
+    logins = heartbeat(transactions=10, logins=4)
+    assert progress.batch_lines("evaluate", 3, logins, one)[0].endswith("in 10 transactions and 4 login events")
     for batch in (4, 5, 6):
-        assert progress.batch_lines("detect_logins", batch, heartbeat(), alerts()) == []
-    assert progress.batch_lines("detect_logins", 7, heartbeat(), one)[0].endswith("(batches 4–6: no alerts)")
-    assert progress.batch_lines("detect_logins", 8, heartbeat(), one)[0].endswith("in 0 login events")
-    progress.batch_lines("detect_logins", 9, heartbeat(), alerts())
-    assert progress.batch_lines("detect_logins", 10, heartbeat(), one)[0].endswith("(batch 9: no alerts)")
+        assert progress.batch_lines("evaluate", batch, heartbeat(), alerts()) == []
+    assert progress.batch_lines("evaluate", 7, heartbeat(), one)[0].endswith("(batches 4–6: no alerts)")
+    assert progress.batch_lines("evaluate", 8, heartbeat(), one)[0].endswith("in 0 transactions")
+    progress.batch_lines("evaluate", 9, heartbeat(), alerts())
+    assert progress.batch_lines("evaluate", 10, heartbeat(), one)[0].endswith("(batch 9: no alerts)")
     assert progress.batch_range_text(3, 11, 6) == "6 batches of 3–11"
 
 
-def test_throughput_in_transactions_per_second():
-    tallies = {"evaluate": progress.Tally(events=2_000, alerts=1, batches=9)}
+def test_throughput_in_transactions_and_login_events_per_second():
+    tallies = {"evaluate": progress.Tally(transactions=2_000, alerts=1, batches=9)}
     lines = progress.throughput_lines(tallies, {"evaluate": [900.0, 1100.0, 1000.0]}, 10.0)
     assert lines == [
         "[evaluate] last 10 s: 2,000 transactions (200/s), 1 alert; micro-batches took 1.0 s (median of 3)"
+    ]
+    tallies = {"evaluate": progress.Tally(transactions=2_000, logins=150, alerts=3, late=2, batches=9)}
+    assert progress.throughput_lines(tallies, {}, 10.0) == [
+        "[evaluate] last 10 s: 2,000 transactions (200/s) and 150 login events (15/s), 3 alerts, 2 late"
     ]
     assert progress.throughput_lines({}, {}, 10.0) == []
 

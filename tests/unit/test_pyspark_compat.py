@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
 from fraudrules.engine import pyspark_compat
-from fraudrules.engine.processors import LoginProcessor, RulesProcessor
+from fraudrules.engine.processors import Detectors
 from fraudrules.engine.pyspark_compat import Mode
 
 
@@ -127,7 +127,7 @@ def test_an_empty_stream_only_ends_the_batch():
     assert [(m, k) for m, k, _ in ours] == [(Mode.PROCESS_TIMER, None), (Mode.COMPLETE, None)]
 
 
-@pytest.mark.parametrize("processor", [RulesProcessor(60_000, [7], "ns"), LoginProcessor([7])])
+@pytest.mark.parametrize("processor", [Detectors(60_000, [7], "ns"), Detectors(60_000, [7], "ns", detect_logins=True)])
 def test_a_worker_unpickling_a_processor_installs_it(monkeypatch, processor):
     monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
     copy = pickle.loads(pickle.dumps(processor))

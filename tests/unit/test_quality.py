@@ -22,8 +22,8 @@ SUITES = {
     "alerts": "alerts",
     "shadow_alerts": "shadow_alerts",
     "late_events": "late_events",
-    "window_state": "evaluate",
-    "login_state": "detect_logins",
+    "window_state": "window",
+    "login_state": "login",
 }
 
 
@@ -49,7 +49,7 @@ def test_one_checkpoint_validates_every_suite_on_an_asset_named_after_what_it_re
     found = {}
     for vd in cp.validation_definitions:
         asset = vd.data.data_asset
-        found[vd.suite.name] = getattr(asset, "table", None) or asset.query
+        found[vd.suite.name] = getattr(asset, "table", None) or asset.detector
         assert asset.name == vd.suite.name == vd.name
     assert found == SUITES
     assert [type(a).__name__ for a in cp.actions] == ["UpdateDataDocsAction"]
@@ -128,9 +128,7 @@ def test_a_run_that_cannot_find_what_it_checks_fails_naming_it(tmp_path):
     assert not report.success and report.failed_tables == sorted(SUITES)
     observed = {o.table: o.observed for o in report.failures}
     assert observed["window_state"] == f"the evaluate query has no committed batch under {tmp_path}/nowhere/evaluate"
-    assert observed["login_state"] == (
-        f"the detect_logins query has no committed batch under {tmp_path}/nowhere/detect_logins"
-    )
+    assert observed["login_state"] == observed["window_state"]
     assert observed["alerts"] == f"no table alerts at {tmp_path}/tables/alerts"
     assert "window_state: input_found()" in report.message() and report.rows == {}
     assert json.loads(Path(report.path).read_text())["failed_tables"] == sorted(SUITES)

@@ -17,7 +17,7 @@ from fraudrules.engine import keying
 from fraudrules.engine.keying import Transactions
 from fraudrules.engine.messages import window_messages
 from fraudrules.engine.ruleset import RuleSet
-from fraudrules.engine.state import Bounds, ShardEvents, death_time
+from fraudrules.engine.state import Bounds, ShardEvents
 from fraudrules.engine.windowing import Events, evaluate
 from fraudrules.event_schema import DEFAULT, EventSchema
 from fraudrules.rules.codec import RULE_CHANGE, decode_change
@@ -140,7 +140,6 @@ def _event_rows(tx: Transactions, keyed_by: Rule, rows: np.ndarray, **values: ob
 @dataclass
 class StepResult:
     output: pd.DataFrame
-    next_expiry: int  # event time at which the oldest chunk can go, -1 if none
     rules_changed: bool
     counts: dict[str, int]
 
@@ -192,10 +191,9 @@ def step(
     seen = _rules_seen(keyed, by_id)
     frames = [f.assign(**common) for f in (alerts, keyed.late, seen) if len(f)]
     output = typed(pd.concat(frames, ignore_index=True)) if frames else typed(pd.DataFrame())
-    expiry = min((death_time(c, rules.windows()) for c in store.meta.chunks), default=-1)
     timings.lap("output")
     counts = {"transactions": len(tx), "events": len(keyed.events), "gathered": len(old)}
-    return StepResult(output, expiry, changed, counts)
+    return StepResult(output, changed, counts)
 
 
 def _alerts(tx: Transactions, keyed: Keyed, fired, rules: dict[int, Rule]) -> pd.DataFrame:

@@ -1,8 +1,9 @@
 """The stateful stages' input: events and rule changes in one stream, rule changes broadcast to every shard.
 
-Window rules: every transaction goes to every shard (as narrow integer rows); each shard keys it by the
-rules it holds and keeps the groups it owns (`keying`). Login rules all key by user, so a login event
-goes to its user's shard only. Rule changes come from streaming the append-only `rule_history` table.
+One stateful query evaluates both detectors. Every transaction and every login event goes to every shard (as
+narrow rows); each shard keys the transactions by the window rules it holds and keeps the groups it owns
+(`keying`), and takes the login events of the users it owns. Rule changes come from streaming the append-only
+`rule_history` table.
 
 Shards are labelled so that Spark's hash partitioning puts shard i in partition i mod partitions: no
 two shards share a task while a core is idle.
@@ -19,16 +20,13 @@ from fraudrules.engine import ingest
 from fraudrules.event_schema import DEFAULT, MASK_BITS, EventSchema, Field, mask_bit
 from fraudrules.rules.codec import RULE_CHANGE, change_column
 
-LOGIN_EVENT_COLUMNS = (
-    "userId",
-    "eventType",
-    "ipAddress",
-    "eventTimestamp",
-    "ingestionTimestamp",
-    "srcTime",
-    "srcId",
-    "srcPos",
-)
+LOGIN_FIELDS = {  # login event field → Spark type, as the login detector reads it
+    "userId": "long",
+    "eventType": "string",
+    "ipAddress": "string",
+    "eventTimestamp": "long",
+    "ingestionTimestamp": "long",
+}
 
 
 def _murmur3_int(value: int, seed: int = 42) -> int:
@@ -58,19 +56,14 @@ def shard_labels(shards: int, partitions: int) -> list[int]:
     return labels
 
 
-def watermarked(df: DataFrame, time_ms_column: str, lateness_ms: int) -> DataFrame:
-    """The event-time watermark on an epoch-ms column, declared on a helper column that is dropped at
-    once: the stateful stage still receives the query's watermark, but Spark no longer discards late
-    rows before the processor can report them."""
-    return (
-        df.withColumn("wm_ts", F.timestamp_millis(time_ms_column))
-        .withWatermark("wm_ts", f"{lateness_ms} milliseconds")
-        .drop("wm_ts")
-    )
-
-
 def _no_rule() -> Column:
     return F.lit(None).cast("string").alias(RULE_CHANGE)
+
+
+def _absent(name: str, kind: str) -> Column:
+    """An event column a row has no value for: 0 (numbers) or null (text), so that every numeric column of the
+    stateful input stays non-null and reaches pandas as exact integers."""
+    return F.lit(None if kind == "string" else 0).cast(kind).alias(name)
 
 
 def _to_all(df: DataFrame, labels: list[int]) -> DataFrame:
@@ -80,8 +73,7 @@ def _to_all(df: DataFrame, labels: list[int]) -> DataFrame:
 def rule_changes(spark: SparkSession, cfg: JobConfig, event_columns: dict[str, str]) -> DataFrame:
     """The rule-change stream as input rows: the rule columns, event columns zero/null."""
     history = tables.read_stream(spark, cfg, "rule_history")
-    events = [F.lit(None if kind == "string" else 0).cast(kind).alias(name) for name, kind in event_columns.items()]
-    return history.select(*events, change_column())
+    return history.select(*[_absent(name, kind) for name, kind in event_columns.items()], change_column())
 
 
 def _coded(f: Field) -> Column:
@@ -114,30 +106,50 @@ def numeric(tx: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
     return tx.select(*fields, *_null_masks(schema), *source)
 
 
-def transactions(raw: DataFrame, cfg: JobConfig, schema: EventSchema = DEFAULT) -> DataFrame:
-    """Valid transactions with the watermark, as keying reads them."""
-    tx = watermarked(ingest.valid(ingest.parse(raw, schema)), "eventTime", cfg.lateness_ms)
-    return numeric(tx, schema).select("*", _no_rule())
+def login_column(name: str) -> str:
+    """A login field's column in the detectors' input: apart from the transaction fields, whatever they are named."""
+    return f"login_{name}"
 
 
-def window_input(
-    spark: SparkSession, cfg: JobConfig, raw: DataFrame, labels: list[int], schema: EventSchema = DEFAULT
+LOGIN_COLUMNS = {login_column(n): kind for n, kind in LOGIN_FIELDS.items()}
+
+
+def _aligned(df: DataFrame, columns: dict[str, str]) -> DataFrame:
+    """`df` with exactly `columns` (name → Spark type), in order, those it lacks `_absent`."""
+    return df.select(*[F.col(name) if name in df.columns else _absent(name, kind) for name, kind in columns.items()])
+
+
+def transactions(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
+    """Valid transactions as keying reads them."""
+    return numeric(ingest.valid(ingest.parse(raw, schema)), schema)
+
+
+def logins(raw: DataFrame) -> DataFrame:
+    """Valid login events: the login fields (`login_column`) and the source position, as transactions have it."""
+    events = ingest.valid(ingest.parse_logins(raw))
+    source = [F.col("srcTime").cast("long"), F.xxhash64("srcName").alias("srcId"), F.col("srcPos").cast("long")]
+    return events.select(*[F.col(n).cast(k).alias(login_column(n)) for n, k in LOGIN_FIELDS.items()], *source)
+
+
+def detector_input(
+    spark: SparkSession,
+    cfg: JobConfig,
+    raw_transactions: DataFrame,
+    raw_logins: DataFrame | None,
+    labels: list[int],
+    schema: EventSchema = DEFAULT,
 ) -> DataFrame:
-    """Transactions and rule changes, both to every shard."""
-    tx = _to_all(transactions(raw, cfg, schema), labels)
-    rules = _to_all(rule_changes(spark, cfg, schema.engine_columns()), labels)
-    return _one_stage(tx.unionByName(rules), cfg)
-
-
-def login_input(spark: SparkSession, cfg: JobConfig, raw: DataFrame, labels: list[int]) -> DataFrame:
-    """Login events to their user's shard, rule changes to every shard."""
-    events = watermarked(ingest.valid(ingest.parse_logins(raw)), "eventTimestamp", cfg.lateness_ms)
-    position = (F.pmod(F.xxhash64("userId"), F.lit(len(labels))) + 1).cast("int")
-    label_of = F.element_at(F.array(*[F.lit(x) for x in labels]), position)
-    events = events.withColumn("srcId", F.xxhash64("srcName")).select(*LOGIN_EVENT_COLUMNS, _no_rule())
-    kinds = {c: events.schema[c].dataType.simpleString() for c in LOGIN_EVENT_COLUMNS}
-    rules = _to_all(rule_changes(spark, cfg, kinds), labels)
-    return _one_stage(events.withColumn("shard", label_of).unionByName(rules), cfg)
+    """Transactions, login events (when `raw_logins` is given) and rule changes, all to every shard: each shard
+    keys the transactions by the rules it holds and keeps the groups it owns, takes the login events of the users it
+    owns, and sees every event's time, from which each detector keeps its own watermark (`processors`). No Spark
+    watermark: Spark would keep one for both streams, and would drop late rows before they are reported."""
+    columns = schema.engine_columns()
+    events = transactions(raw_transactions, schema)
+    if raw_logins is not None:
+        columns = {**columns, **LOGIN_COLUMNS}
+        events = _aligned(events, columns).unionByName(_aligned(logins(raw_logins), columns))
+    rows = _to_all(events.select("*", _no_rule()), labels)
+    return _one_stage(rows.unionByName(_to_all(rule_changes(spark, cfg, columns), labels)), cfg)
 
 
 def _one_stage(df: DataFrame, cfg: JobConfig) -> DataFrame:

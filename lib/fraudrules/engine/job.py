@@ -1,4 +1,4 @@
-"""The continuous job: rule changes, bronze ingest, and the stateful queries (window rules, logins).
+"""The continuous job: rule changes, bronze ingest, and the stateful query (window rules and login detector).
 
 Bronze ingest and evaluation read the same source, each with its own checkpoint (and position in the source), so
 that an alert is one micro-batch away from ingestion rather than two. The ingest queries run in the background
@@ -22,18 +22,17 @@ from fraudrules.config import (
     EVALUATE_QUERY,
     INGEST_QUERY,
     LOGINS_INGEST_QUERY,
-    LOGINS_QUERY,
     QUERIES,
     RULES_QUERY,
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, inputs, kafka, pyspark_compat
+from fraudrules.engine import ingest, inputs, kafka, lines, pyspark_compat
 from fraudrules.engine.bronze import IngestSink
 from fraudrules.engine.committer import BACKGROUND_POOL, Committer
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
-from fraudrules.engine.processors import LoginProcessor, RulesProcessor
-from fraudrules.engine.progress import Printer, say
+from fraudrules.engine.processors import Detectors
+from fraudrules.engine.progress import STATEFUL, Printer, say
 from fraudrules.engine.results import ResultSink
 from fraudrules.engine.rule_changes import RuleChangeSink
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
@@ -42,7 +41,6 @@ from fraudrules.rules import store
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import EVALUATED, RuleError, validate
 
-STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
 BACKGROUND = (INGEST_QUERY, LOGINS_INGEST_QUERY)  # off the alert path: background pool, stream thread niced
 HOT_POOL = "evaluate"  # the other queries' scheduler pool (fairscheduler.xml): evaluation and rule changes
 
@@ -52,28 +50,45 @@ def namespace(cfg: JobConfig, query: str) -> str:
     return hashlib.sha1(cfg.checkpoint(query).encode()).hexdigest()[:16]
 
 
-def evaluate(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
-    """Source records and rule changes → keyed, windowed evaluation: the processor's output rows."""
+def evaluate(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    """Transactions, login events (`cfg.logins`) and rule changes → keyed, windowed evaluation and login sequences:
+    the processor's output rows."""
     labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
     schema = event_schema.for_job(cfg)
-    processor = RulesProcessor(
-        cfg.lateness_ms, labels, namespace(cfg, EVALUATE_QUERY), schema=schema, state_memory_mb=cfg.state_memory_mb
+    processor = Detectors(
+        cfg.lateness_ms,
+        labels,
+        namespace(cfg, EVALUATE_QUERY),
+        schema=schema,
+        state_memory_mb=cfg.state_memory_mb,
+        detect_logins=cfg.logins,
     )
-    keyed = inputs.window_input(spark, cfg, raw, labels, schema).groupBy("shard")
-    return keyed.transformWithStateInPandas(processor, OUTPUT_SCHEMA, "append", "EventTime")
+    logins = raw_logins(spark, cfg, EVALUATE_QUERY, ledger="login_lines") if cfg.logins else None
+    rows = inputs.detector_input(spark, cfg, raw_transactions(spark, cfg, EVALUATE_QUERY), logins, labels, schema)
+    return rows.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "append", "None")
 
 
-def detect_logins(spark: SparkSession, cfg: JobConfig, raw: DataFrame) -> DataFrame:
-    """Login records and rule changes → per-user sequences: the login processor's output rows."""
-    labels = inputs.shard_labels(cfg.shards, cfg.shuffle_partitions)
-    by_user = inputs.login_input(spark, cfg, raw, labels).groupBy("shard")
-    return by_user.transformWithStateInPandas(LoginProcessor(labels), OUTPUT_SCHEMA, "append", "EventTime")
+def check_sources(cfg: JobConfig) -> None:
+    """SchemaError when the evaluation checkpoint was started with login detection on and the job now runs without
+    it, or the other way round: Spark cannot add a source to a query that has run, or remove one."""
+    logged = lines.logged_sources(cfg.checkpoint(EVALUATE_QUERY))
+    wanted = 3 if cfg.logins else 2  # transactions, (login events,) rule changes
+    if logged is not None and logged != wanted:
+        was = "on" if logged > wanted else "off"
+        raise SchemaError(
+            f"the checkpoint {cfg.checkpoint(EVALUATE_QUERY)} was started with login detection {was}, and Spark "
+            f"cannot add a source to a query that has run, or remove one: run it with login detection {was} "
+            "(JobConfig.logins), or start afresh with another checkpoint root (--checkpoint-root)"
+        )
 
 
 def adopt_schema(spark: SparkSession, cfg: JobConfig) -> list[str]:
     """Start with the event schema (`event_schema.for_job`) once it fits what the job already holds: SchemaError
-    when an evaluated (ACTIVE or SHADOW) rule names a field it does not declare, or a field changes type. Bronze
-    gains the columns of the fields it adds (returned); the schema is recorded beside the checkpoints."""
+    when an evaluated (ACTIVE or SHADOW) rule names a field it does not declare, or a field changes type, or when
+    login detection is not what the evaluation checkpoint started with (`check_sources`). Bronze gains the columns
+    of the fields it adds (returned), `batches` those of newer releases; the schema is recorded beside the
+    checkpoints."""
+    check_sources(cfg)
     schema = event_schema.for_job(cfg)
     problems = []
     previous = event_schema.recorded(cfg)
@@ -91,7 +106,8 @@ def adopt_schema(spark: SparkSession, cfg: JobConfig) -> list[str]:
         raise SchemaError(
             f"the event schema {cfg.event_schema or '(default)'} does not fit this job: " + "; ".join(problems)
         )
-    added = tables.evolve_bronze(spark, cfg)
+    added = tables.evolve(spark, cfg, "transactions")
+    tables.evolve(spark, cfg, "batches")  # `logins`: login events of the evaluate query's batches
     event_schema.record(cfg, schema)
     return added
 
@@ -195,18 +211,15 @@ def query(
         )
     if name == LOGINS_INGEST_QUERY:
         return ingest.parse_logins(raw_logins(spark, cfg, name)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
-    if name in STATEFUL:
+    if name == EVALUATE_QUERY:
         committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds)
         publish = (lambda alerts: kafka.publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
-        sink = ResultSink(committer, publish, printer)
-        if name == EVALUATE_QUERY:
-            return evaluate(spark, cfg, raw_transactions(spark, cfg, name)), sink
-        return detect_logins(spark, cfg, raw_logins(spark, cfg, name)), sink
+        return evaluate(spark, cfg), ResultSink(committer, publish, printer)
     raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
 
 
 def query_names(cfg: JobConfig) -> tuple[str, ...]:
-    """The queries of the job: rules, ingest + evaluate, and (cfg.logins) the login ones."""
+    """The queries of the job: rules, ingest, evaluate, and (cfg.logins) the logins' ingest."""
     return QUERIES if cfg.logins else TRANSACTION_QUERIES
 
 

@@ -423,19 +423,35 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
 
+def _batches(fs: pafs.FileSystem, root: str, log: str) -> list[int]:
+    """The batch ids in a checkpoint's `offsets` or `commits` log, newest first."""
+    logged = fs.get_file_info(pafs.FileSelector(f"{root}/{log}", allow_not_found=True))
+    return sorted((int(i.base_name) for i in logged if i.base_name.isdigit()), reverse=True)
+
+
+def _offsets(fs: pafs.FileSystem, root: str, batch: int) -> list[str]:
+    """A planned batch's end offsets, one line per source of the query."""
+    with fs.open_input_stream(f"{root}/offsets/{batch}") as fh:
+        return fh.read().decode().splitlines()[2:]  # version, metadata, then one offset per source
+
+
 def committed(checkpoint: str) -> Position:
     """Where a query's last committed micro-batch left this source (the start when it committed none): its end
-    offset in the checkpoint's offset log."""
+    offset in the checkpoint's offset log. The query's first source of this kind: the evaluation reads the
+    transactions before the login events."""
     fs, root = open_fs(checkpoint)
-    logged = fs.get_file_info(pafs.FileSelector(f"{root}/commits", allow_not_found=True))
-    batches = sorted((int(i.base_name) for i in logged if i.base_name.isdigit()), reverse=True)
-    for batch in batches[:1]:
-        with fs.open_input_stream(f"{root}/offsets/{batch}") as fh:
-            for line in fh.read().decode().splitlines()[2:]:  # version, metadata, then one offset per source
-                offset = json.loads(line) if line.startswith("{") else None
-                if isinstance(offset, dict) and set(offset) == set(START):
-                    return Position.of(offset)
+    for batch in _batches(fs, root, "commits")[:1]:
+        for line in _offsets(fs, root, batch):
+            offset = json.loads(line) if line.startswith("{") else None
+            if isinstance(offset, dict) and set(offset) == set(START):
+                return Position.of(offset)
     return Position.of(START)
+
+
+def logged_sources(checkpoint: str) -> int | None:
+    """How many sources the query of `checkpoint` read in its newest planned micro-batch; None before any."""
+    fs, root = open_fs(checkpoint)
+    return next((len(_offsets(fs, root, batch)) for batch in _batches(fs, root, "offsets")[:1]), None)
 
 
 def unread(path: str, checkpoint: str) -> list[FileEntry]:
@@ -451,9 +467,10 @@ def unread(path: str, checkpoint: str) -> list[FileEntry]:
     return pending
 
 
-def ledger_of(checkpoint: str) -> str:
-    """Where a query reading this source keeps its ledger: beside Spark's own logs in its checkpoint."""
-    return checkpoint.rstrip("/") + "/lines"
+def ledger_of(checkpoint: str, name: str = "lines") -> str:
+    """Where a query reading this source keeps its ledger: beside Spark's own logs in its checkpoint (`name`: one
+    per source of a query that reads two)."""
+    return checkpoint.rstrip("/") + "/" + name
 
 
 def register(spark: SparkSession) -> None:

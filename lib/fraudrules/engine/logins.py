@@ -6,7 +6,7 @@ starts a new one. A SUCCESS inside it alerts iff the sequence holds ≥ minFailu
 ≥ minDistinctIps distinct IPs and the success's IP is not one of them; the sequence closes either way.
 An expired sequence (start + W behind the watermark) is dropped; that never changes a result.
 
-This module is the pure per-shard step; the transformWithState adapter is `processors.LoginProcessor`.
+This module is the pure per-shard step; the transformWithState adapter is `processors.LoginDetector`.
 The detector rules a shard holds come with the events, as rule changes (see `ruleset`).
 """
 
@@ -83,10 +83,6 @@ def windows_of(rules: RuleSet) -> dict[int, int]:
 def expire(state: State, windows: dict[int, int], watermark: int) -> State:
     """Drop sequences whose window the watermark has passed, and those of rules no longer ACTIVE."""
     return {k: s for k, s in state.items() if k[0] in windows and s.start + windows[k[0]] >= watermark}
-
-
-def next_expiry(state: State, windows: dict[int, int]) -> int:
-    return min((s.start + windows[k[0]] + 1 for k, s in state.items()), default=-1)
 
 
 def step(

@@ -77,6 +77,7 @@ OUTBOX = {
             ("transactions", pa.int64()),
             ("pythonMs", pa.float64()),
             ("pythonStages", pa.string()),
+            ("logins", pa.int64()),
         ]
     ),
     "rule_seen": pa.schema(

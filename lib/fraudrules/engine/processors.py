@@ -1,10 +1,20 @@
-"""The transformWithState adapters: one call per shard per micro-batch, few state calls.
+"""The transformWithState adapter: one call per shard per micro-batch, few state calls.
 
-Python state calls cost a socket round trip each. A window-rules shard keeps its rules (one value), its
-chunk catalog (one value), COUNT_WITH_RESET bookkeeping (one value) and its events as chunks in a map (one
-entry written per batch, see `state`); one event-time timer per shard, coalesced, drops chunks whose events
-have all left their windows, also when the shard gets no more events. A login shard keeps its rules, its
-open sequences (one value, small: sequences last minutes) and one coalesced timer.
+One stateful query runs both detectors: the window rules over transactions and (with login detection on) the
+login detector over login events. Each shard keeps each detector's state under its own names, and each detector
+its own watermark: the newest event time it has seen (its clock), minus the allowed lateness, as Spark computes a
+query's. Spark keeps one watermark per query, which cannot serve two streams whose event times differ, so the
+query declares none.
+
+Every shard gets every micro-batch's events (`inputs.detector_input`), so each batch prunes a shard's state to
+the watermark that the next batch runs with: what no window can reach any more, the login sequences that no
+event can join any more. That is what Flink's per-key cleanup timers do for keys that get no events; here a
+shard's keys are pruned together, and no timer is needed.
+
+Python state calls cost a socket round trip each. The window rules keep their rules (one value), their chunk
+catalog with the clock (one value), COUNT_WITH_RESET bookkeeping (one value) and their events as chunks in a map
+(one entry written per batch, see `state`). The login detector keeps its rules, its open sequences (one value,
+small: sequences last minutes) and its clock, each written only when it changed.
 """
 
 from __future__ import annotations
@@ -12,37 +22,33 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.streaming.stateful_processor import TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from fraudrules.engine import logins
-from fraudrules.engine.evaluation import OUTPUT_COLUMNS, Batch, Timings, stats_row, step
+from fraudrules.engine.evaluation import Batch, Timings, stats_row, step
+from fraudrules.engine.inputs import LOGIN_FIELDS, login_column
 from fraudrules.engine.logins import decode_sequences, encode_sequences
 from fraudrules.engine.pyspark_compat import VectorizedInput
 from fraudrules.engine.ruleset import RuleSet
-from fraudrules.engine.state import (
-    BUDGET,
-    STATE_MEMORY_MB,
-    Bounds,
-    Meta,
-    Resets,
-    ShardEvents,
-    cache_for,
-    death_time,
-    drop_dead,
-)
-from fraudrules.event_schema import DEFAULT, EventSchema
+from fraudrules.engine.state import BUDGET, STATE_MEMORY_MB, Meta, Resets, ShardEvents, cache_for
+from fraudrules.event_schema import DEFAULT, SOURCE_COLUMNS, EventSchema
 
 TEXT = StructType([StructField("text", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
 CHUNK_ID = StructType([StructField("id", LongType())])
+CLOCK = StructType([StructField("clock", LongType())])
+LOGIN_TYPE = login_column("eventType")  # non-null exactly on login events
+LOGIN_NAMES = {login_column(n): n for n in LOGIN_FIELDS}  # the login step reads the fields by their own names
 
 
-def coalesce(t: int, step_ms: int) -> int:
-    """Round a timer up to the next multiple of `step_ms`: one timer serves many expiries."""
-    return -(-t // step_ms) * step_ms
+def watermark_of(clock: int, lateness_ms: int) -> int:
+    """A detector's watermark from the newest event time it has seen (`clock`, -1 before any): that time minus
+    the allowed lateness, 0 (no watermark) until that is positive, as Spark computes a query's."""
+    return max(clock - lateness_ms, 0) if clock >= 0 else 0
 
 
 class MapBackend:
@@ -62,154 +68,118 @@ class MapBackend:
             yield int(k[0]), bytes(v[0])
 
 
-class ShardState:
-    """Load and save of one shard's rules, catalog and reset bookkeeping."""
+class WindowRules:
+    """The window rules' state of one shard: rules, catalog (with the detector's clock), reset bookkeeping and
+    chunks."""
 
-    def __init__(self, handle: StatefulProcessorHandle, schema: EventSchema):
-        self.handle, self.schema = handle, schema
+    def __init__(self, handle: StatefulProcessorHandle, schema: EventSchema, lateness_ms: int, namespace: str):
+        self.schema, self.lateness_ms, self.namespace = schema, lateness_ms, namespace
         self.rules = handle.getValueState("rules", TEXT)
         self.meta = handle.getValueState("meta", TEXT)
         self.resets = handle.getValueState("resets", BLOB)
         self.backend = MapBackend(handle.getMapState("chunks", CHUNK_ID, BLOB))
 
-    def load_rules(self) -> RuleSet:
-        row = self.rules.get()
-        return RuleSet.from_json(row[0] if row else None, self.schema)
+    def process(
+        self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int, timings: Timings
+    ) -> tuple[pd.DataFrame, ShardEvents, dict[str, int]]:
+        """A batch's transactions and rule changes: (output rows, the shard's events, counts)."""
+        rules, meta, row = self.rules.get(), self.meta.get(), self.resets.get()
+        rule_set = RuleSet.from_json(rules[0] if rules else None, self.schema)
+        catalog = Meta.from_json(meta[0] if meta else None)
+        resets = Resets.decode(bytes(row[0]) if row else None)
+        store = ShardEvents(catalog, resets, self.backend, cache_for(self.namespace, shard))
+        timings.lap("state_calls")
+        watermark = watermark_of(catalog.clock, self.lateness_ms)
+        batch = Batch(events, changes)
+        result = step(
+            batch, rule_set, store, watermark, self.lateness_ms, shard, shards, timings=timings, schema=self.schema
+        )
+        if len(events):
+            catalog.clock = max(catalog.clock, int(events["eventTime"].max()))
+        if result.rules_changed:
+            self.rules.update((rule_set.to_json(),))
+        if store.resets is not resets:
+            self.resets.update((store.resets.encode(),))
+        catalog.token = uuid.uuid4().hex
+        self.meta.update((catalog.to_json(),))
+        store.cache.retain(catalog.chunks)
+        timings.lap("state_calls")
+        return result.output, store, result.counts
 
-    def load_meta(self) -> Meta:
-        row = self.meta.get()
-        return Meta.from_json(row[0] if row else None)
 
-    def load_resets(self) -> Resets:
-        row = self.resets.get()
-        return Resets.decode(bytes(row[0]) if row else None)
+class LoginDetector:
+    """The login detector's state of one shard: its rules, open sequences and clock."""
 
-    def save(self, meta: Meta, expiry: int, coalesce_ms: int) -> None:
-        wanted = coalesce(expiry, coalesce_ms) if expiry >= 0 else -1
-        if wanted != meta.timer:
-            if meta.timer >= 0:
-                self.handle.deleteTimer(meta.timer)
-            if wanted >= 0:
-                self.handle.registerTimer(wanted)
-            meta.timer = wanted
-        meta.token = uuid.uuid4().hex
-        self.meta.update((meta.to_json(),))
+    def __init__(self, handle: StatefulProcessorHandle, lateness_ms: int):
+        self.lateness_ms = lateness_ms
+        self.rules = handle.getValueState("login_rules", TEXT)
+        self.sequences = handle.getValueState("login_sequences", BLOB)
+        self.clock = handle.getValueState("login_clock", CLOCK)
+
+    def process(self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int) -> pd.DataFrame:
+        """A batch's login events (all shards' ones: each sees every event time) and rule changes: the output rows
+        of this shard's users."""
+        rules, blob, clock = self.rules.get(), self.sequences.get(), self.clock.get()
+        rule_set = RuleSet.from_json(rules[0] if rules else None)
+        before, saved = rule_set.to_json(), bytes(blob[0]) if blob else None
+        newest = int(clock[0]) if clock else -1
+        watermark = watermark_of(newest, self.lateness_ms)
+        mine = events[events[login_column("userId")].to_numpy(np.int64) % shards == shard]
+        mine = mine[[*LOGIN_NAMES, *SOURCE_COLUMNS]].rename(columns=LOGIN_NAMES)  # not the transactions' columns
+        out, state = logins.step(Batch(mine, changes), rule_set, decode_sequences(saved), watermark, shard)
+        if len(events):
+            newest = max(newest, int(events[login_column("eventTimestamp")].max()))
+            self.clock.update((newest,))
+        # open sequences that no event at or after the next batch's watermark can join go now
+        state = logins.expire(state, logins.windows_of(rule_set), watermark_of(newest, self.lateness_ms))
+        if (text := rule_set.to_json()) != before:
+            self.rules.update((text,))
+        blob = encode_sequences(state) if state else None
+        if blob is None and saved is not None:
+            self.sequences.clear()
+        elif blob != saved:
+            self.sequences.update((blob,))
+        return out
 
 
-class RulesProcessor(VectorizedInput, StatefulProcessor):
-    """Window rules on transformWithStateInPandas over events of the declared `schema`; `namespace` names the
-    shard caches of one checkpoint."""
+class Detectors(VectorizedInput, StatefulProcessor):
+    """The window rules over events of the declared `schema` and, with `detect_logins`, the login detector, on
+    transformWithStateInPandas; `namespace` names the shard caches of one checkpoint."""
 
     def __init__(
         self,
         lateness_ms: int,
         labels: list[int],
         namespace: str,
-        timer_coalesce_ms: int = 10_000,
         schema: EventSchema = DEFAULT,
         state_memory_mb: int = STATE_MEMORY_MB,
+        detect_logins: bool = False,
     ):
-        self.lateness_ms, self.coalesce_ms = lateness_ms, timer_coalesce_ms
+        self.lateness_ms = lateness_ms
         self.index = {label: i for i, label in enumerate(labels)}
         self.namespace, self.schema, self.state_memory_mb = namespace, schema, state_memory_mb
+        self.detect_logins = detect_logins
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = ShardState(handle, self.schema)
+        self.window = WindowRules(handle, self.schema, self.lateness_ms, self.namespace)
+        self.logins = LoginDetector(handle, self.lateness_ms) if self.detect_logins else None
         BUDGET.limit = self.state_memory_mb << 20  # one budget for the worker's shards
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         timings = Timings()
-        shard = self.index[int(key[0])]
+        shard, shards = self.index[int(key[0])], len(self.index)
         batch = Batch.of(pd.concat(list(rows), ignore_index=True))  # includes Arrow → pandas of the input
         timings.lap("input")
-        rules, meta, resets = self.state.load_rules(), self.state.load_meta(), self.state.load_resets()
-        store = ShardEvents(meta, resets, self.state.backend, cache_for(self.namespace, shard))
-        timings.lap("state_calls")
-        result = step(
-            batch,
-            rules,
-            store,
-            timerValues.getCurrentWatermarkInMs(),
-            self.lateness_ms,
-            shard,
-            len(self.index),
-            timings=timings,
-            schema=self.schema,
-        )
-        if result.rules_changed:
-            self.state.rules.update((rules.to_json(),))
-        if store.resets is not resets:
-            self.state.resets.update((store.resets.encode(),))
-        self.state.save(store.meta, result.next_expiry, self.coalesce_ms)
-        store.cache.retain(store.meta.chunks)
-        timings.lap("state_calls")
-        yield pd.concat([result.output, stats_row(shard, store, result.counts, timings)], ignore_index=True)
-
-    def handleExpiredTimer(
-        self, key, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
-        rules, meta = self.state.load_rules(), self.state.load_meta()
-        meta.timer = -1  # this timer has fired and is gone
-        windows = rules.windows()
-        drop_dead(meta, Bounds.of(windows, timerValues.getCurrentWatermarkInMs()), self.state.backend)
-        expiry = min((death_time(c, windows) for c in meta.chunks), default=-1)
-        self.state.save(meta, expiry, self.coalesce_ms)
-        yield pd.DataFrame(columns=list(OUTPUT_COLUMNS))
-
-    def close(self) -> None:
-        pass
-
-
-TIMER = StructType([StructField("timer", LongType())])
-
-
-class LoginProcessor(VectorizedInput, StatefulProcessor):
-    """The login detector on transformWithStateInPandas: per shard its rules, open sequences, one timer."""
-
-    def __init__(self, labels: list[int], timer_coalesce_ms: int = 10_000):
-        self.index = {label: i for i, label in enumerate(labels)}
-        self.coalesce_ms = timer_coalesce_ms
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.rules = handle.getValueState("rules", TEXT)
-        self.sequences = handle.getValueState("sequences", BLOB)
-        self.meta = handle.getValueState("meta", TIMER)
-
-    def _load(self) -> tuple[RuleSet, logins.State, int]:
-        rules, blob, meta = self.rules.get(), self.sequences.get(), self.meta.get()
-        state = decode_sequences(bytes(blob[0]) if blob else None)
-        return RuleSet.from_json(rules[0] if rules else None), state, meta[0] if meta else -1
-
-    def _save(self, rules: RuleSet, state: logins.State, timer: int) -> None:
-        self.rules.update((rules.to_json(),))
-        expiry = logins.next_expiry(state, logins.windows_of(rules))
-        wanted = coalesce(expiry, self.coalesce_ms) if state else -1
-        if wanted != timer:
-            if timer >= 0:
-                self.handle.deleteTimer(timer)
-            if wanted >= 0:
-                self.handle.registerTimer(wanted)
-        if state:
-            self.sequences.update((encode_sequences(state),))
+        if self.logins is None:
+            out, store, counts = self.window.process(batch.events, batch.rule_changes, shard, shards, timings)
         else:
-            self.sequences.clear()
-        self.meta.update((wanted,))
-
-    def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        batch = Batch.of(pd.concat(list(rows), ignore_index=True))
-        rules, state, timer = self._load()
-        out, state = logins.step(batch, rules, state, timerValues.getCurrentWatermarkInMs(), self.index[int(key[0])])
-        self._save(rules, state, timer)
-        yield out
-
-    def handleExpiredTimer(
-        self, key, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
-        rules, state, _timer = self._load()
-        live = logins.expire(state, logins.windows_of(rules), timerValues.getCurrentWatermarkInMs())
-        self._save(rules, live, -1)
-        yield pd.DataFrame(columns=list(OUTPUT_COLUMNS))
+            is_login = batch.events[LOGIN_TYPE].notna().to_numpy()
+            transactions, login_events = batch.events[~is_login], batch.events[is_login]
+            out, store, counts = self.window.process(transactions, batch.rule_changes, shard, shards, timings)
+            found = self.logins.process(login_events, batch.rule_changes, shard, shards)
+            out, counts = pd.concat([out, found], ignore_index=True), {**counts, "logins": len(login_events)}
+            timings.lap("logins")
+        yield pd.concat([out, stats_row(shard, store, counts, timings)], ignore_index=True)
 
     def close(self) -> None:
         pass

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StreamingQueryListener
 
-from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY
+from fraudrules.config import EVALUATE_QUERY
 from fraudrules.engine.messages import duration_text, iso_time, plural
 
 Printer = Callable[[str], None]
@@ -37,21 +37,23 @@ def say(line: str) -> None:
         sys.stdout.flush()
 
 
-STATEFUL = (EVALUATE_QUERY, LOGINS_QUERY)
-UNITS = {EVALUATE_QUERY: "transactions", LOGINS_QUERY: "login events"}
+STATEFUL = (EVALUATE_QUERY,)  # the job's stateful query: both detectors
 
 
-def events_of(query: str, heartbeat: Mapping[str, Any]) -> int:
-    """A stateful micro-batch's input in its own unit: transactions (window rules) or login events."""
-    value = heartbeat.get("transactions") if query == EVALUATE_QUERY else heartbeat.get("inputRows")
-    return int(value or 0)
+def inputs_text(transactions: int, logins: int, period_s: float | None = None) -> str:
+    """`1,000 transactions`, with login events `1,000 transactions and 40 login events`; over `period_s`, each with
+    its rate (`1,000 transactions (100/s)`)."""
+    parts = [(transactions, "transactions")] + ([(logins, "login events")] if logins else [])
+    rate = (lambda n: f" ({n / period_s:,.0f}/s)") if period_s else (lambda n: "")
+    return " and ".join(f"{n:,} {unit}{rate(n)}" for n, unit in parts)
 
 
 @dataclass
 class Tally:
     """What one stateful query did since the last report."""
 
-    events: int = 0
+    transactions: int = 0
+    logins: int = 0
     alerts: int = 0
     late: int = 0
     batches: int = 0
@@ -66,10 +68,14 @@ class Tallies:
     lock: threading.Lock = field(default_factory=threading.Lock)
     unprinted: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # first, last, count since the last print
 
-    def add(self, query: str, events: int, alerts: int, late: int) -> None:
+    def add(self, query: str, heartbeat: Mapping[str, Any], alerts: int) -> None:
         with self.lock:
             t = self.by_query.setdefault(query, Tally())
-            t.events, t.alerts, t.late, t.batches = t.events + events, t.alerts + alerts, t.late + late, t.batches + 1
+            t.transactions += int(heartbeat.get("transactions") or 0)
+            t.logins += int(heartbeat.get("logins") or 0)
+            t.alerts += alerts
+            t.late += int(heartbeat.get("lateEvents") or 0)
+            t.batches += 1
 
     def silent_before(self, query: str, batch_id: int, printed: bool) -> tuple[int, int, int] | None:
         """Record a batch; when it is `printed`, the batches of this process since the last printed one (first,
@@ -123,13 +129,13 @@ def batch_lines(
     """A stateful micro-batch for the console (nothing when it had no alerts and no late events), counted in
     `TALLIES`: a line with its counts, latency and the batches since the last one printed (they had none), then
     the first alert of each of its first `show` (rule, key) pairs."""
-    events, late = events_of(query, heartbeat), int(heartbeat.get("lateEvents") or 0)
-    TALLIES.add(query, events, len(alerts), late)
+    late = int(heartbeat.get("lateEvents") or 0)
+    TALLIES.add(query, heartbeat, len(alerts))
     silent = TALLIES.silent_before(query, batch_id, printed=bool(len(alerts) or late))
     if not len(alerts) and not late:
         return []
-    unit = UNITS.get(query, "events")
-    counts = f"{plural(len(alerts), 'alert')} in {events:,} {unit}" + (f", {late:,} late" if late else "")
+    inputs = inputs_text(int(heartbeat.get("transactions") or 0), int(heartbeat.get("logins") or 0))
+    counts = f"{plural(len(alerts), 'alert')} in {inputs}" + (f", {late:,} late" if late else "")
     quiet = f" ({batch_range_text(*silent)}: no alerts)" if silent else ""
     lines = [f"[{query}] batch {batch_id}: {counts}{_latency(heartbeat)}{quiet}"]
     keys = first_per_key(alerts) if len(alerts) else alerts
@@ -228,13 +234,12 @@ def throughput_lines(tallies: Mapping[str, Tally], durations: Mapping[str, list[
         if t is None and not times:
             continue
         t = t or Tally()
-        unit = UNITS[query]
         took = (
             f"; micro-batches took {duration_text(float(np.median(times)))} (median of {len(times)})" if times else ""
         )
         late = f", {t.late:,} late" if t.late else ""
         lines.append(
-            f"[{query}] last {period_s:.0f} s: {t.events:,} {unit} ({t.events / period_s:,.0f}/s), "
+            f"[{query}] last {period_s:.0f} s: {inputs_text(t.transactions, t.logins, period_s)}, "
             f"{plural(t.alerts, 'alert')}{late}{took}"
         )
     return lines

@@ -103,7 +103,8 @@ def _shard_totals(stats: list[dict]) -> dict:
         "retainedEvents": sum(s.get("retained", 0) for s in stats),
         "chunks": sum(s.get("chunks", 0) for s in stats),
         "chunksFromStore": sum(s.get("chunksFromStore", 0) for s in stats),
-        "transactions": max((s.get("transactions", 0) for s in stats), default=0),
+        "transactions": max((s.get("transactions", 0) for s in stats), default=0),  # every shard gets them all
+        "logins": max((s.get("logins", 0) for s in stats), default=0),
         "pythonMs": sum(slowest["ms"].values()) if slowest else None,
         "pythonStages": json.dumps(slowest["ms"]) if slowest else None,
     }

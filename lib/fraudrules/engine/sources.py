@@ -25,13 +25,17 @@ def raw_transactions(spark: SparkSession, cfg: JobConfig, query: str) -> DataFra
     return file_source(spark, cfg.landing, cfg.checkpoint(query), cfg.max_records_per_trigger)
 
 
-def raw_logins(spark: SparkSession, cfg: JobConfig, query: str) -> DataFrame:
+def raw_logins(spark: SparkSession, cfg: JobConfig, query: str, ledger: str = "lines") -> DataFrame:
+    """Login records for one query; `ledger` names the file source's ledger in the query's checkpoint (the
+    evaluation query reads transactions as well)."""
     if cfg.source == "kafka":
         return kafka.raw_records(spark, cfg, cfg.kafka_logins_topic)
-    return file_source(spark, cfg.logins_landing, cfg.checkpoint(query), cfg.max_records_per_trigger)
+    return file_source(spark, cfg.logins_landing, cfg.checkpoint(query), cfg.max_records_per_trigger, ledger)
 
 
-def file_source(spark: SparkSession, path: str, checkpoint: str, max_records: int | None = None) -> DataFrame:
+def file_source(
+    spark: SparkSession, path: str, checkpoint: str, max_records: int | None = None, ledger: str = "lines"
+) -> DataFrame:
     """JSON-lines files, one record per line, with (file, line) positions: the files of a folder (created when
     missing: a landing folder may not have received its first file yet), one file, or a glob's matches; at most
     `max_records` lines per micro-batch, whatever the files' sizes (`lines`). `checkpoint`: the reading query's,
@@ -39,7 +43,8 @@ def file_source(spark: SparkSession, path: str, checkpoint: str, max_records: in
     if not (is_remote(path) or is_glob(path) or os.path.isfile(path)):
         os.makedirs(path, exist_ok=True)
     lines.register(spark)
-    reader = spark.readStream.format(lines.NAME).option("path", path).option("ledger", lines.ledger_of(checkpoint))
+    reader = spark.readStream.format(lines.NAME).option("path", path)
+    reader = reader.option("ledger", lines.ledger_of(checkpoint, ledger))
     if max_records:
         reader = reader.option("maxRecordsPerTrigger", str(max_records))
     records = reader.load().select(F.col("value").cast("string").alias("value"), "srcTime", "srcName", "srcPos")

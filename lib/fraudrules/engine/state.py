@@ -69,12 +69,13 @@ class Chunk:
 
 @dataclass
 class Meta:
-    """The shard's catalog: which chunks hold its events, and its counters."""
+    """The shard's catalog: which chunks hold its events, its counters and its clock (the newest transaction time
+    it has seen, -1 before any: the window rules' watermark)."""
 
     token: str = ""
     next_seq: int = 0
     next_chunk: int = 0
-    timer: int = -1
+    clock: int = -1
     chunks: list[Chunk] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -86,7 +87,7 @@ class Meta:
             return Meta()
         raw = json.loads(text)
         chunks = [Chunk(c["id"], c["tag"], c["n"], [Span(**s) for s in c["spans"]]) for c in raw.pop("chunks")]
-        return Meta(**raw, chunks=chunks)
+        return Meta(**{k: raw[k] for k in ("token", "next_seq", "next_chunk", "clock") if k in raw}, chunks=chunks)
 
 
 @dataclass(frozen=True)
@@ -711,15 +712,3 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     offsets = np.repeat(lo - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
     return np.arange(total, dtype=np.int64) + offsets
-
-
-def death_time(c: Chunk, windows: dict[int, tuple[int, int]]) -> int:
-    """Event time at which the watermark has every event of the chunk out of its rule's window."""
-    return max((s.max_t + windows[s.rule][1] + 1 for s in c.spans if s.rule in windows), default=-1)
-
-
-def drop_dead(meta: Meta, bounds: Bounds, backend: Backend) -> None:
-    """Timer path: remove chunks with nothing alive, without reading any chunk."""
-    for c in [c for c in meta.chunks if c.dead_events(bounds) == c.n]:
-        backend.remove_chunk(c.id)
-        meta.chunks.remove(c)

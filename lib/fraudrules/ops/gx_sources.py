@@ -33,12 +33,11 @@ from great_expectations.datasource.fluent.spark_datasource import _SparkDatasour
 from pyspark.sql import DataFrame, SparkSession
 
 from fraudrules import event_schema, tables
-from fraudrules.config import EVALUATE_QUERY, JOB_TABLES, LOGINS_QUERY, JobConfig, config_from
-from fraudrules.engine import ingest
+from fraudrules.config import EVALUATE_QUERY, JOB_TABLES, JobConfig, config_from
+from fraudrules.engine import ingest, lines
 from fraudrules.ops import state_reader
 
 SNAPSHOT = "snapshot"  # the one batch parameter: what this run reads (see `pin`)
-STATE_QUERIES = (EVALUATE_QUERY, LOGINS_QUERY)
 WINDOW_STATE_SCHEMA = (
     "shard long, ruleId long, sig long, key string, eventTime long, transactionId long, seq long, value long, "
     "batchId long, watermarkMs long, batchTimeMs long, latenessMs long"
@@ -71,7 +70,7 @@ def pin(spark: SparkSession, cfg: JobConfig) -> dict:
     """What a run reads: each existing table at its current version (also registered as a temp view of its name,
     for the cross-table queries) and each stateful query's newest committed batch."""
     # The state first: the tables its batch wrote (and the bronze rows other queries wrote meanwhile) are then in.
-    state = {q: b.batch_id for q in STATE_QUERIES if (b := state_reader.last_committed(cfg, q)) is not None}
+    state = {q: b.batch_id for q in (EVALUATE_QUERY,) if (b := state_reader.last_committed(cfg, q)) is not None}
     pinned = {name: table_version(spark, cfg, name) for name in JOB_TABLES if tables.exists(spark, cfg, name)}
     for name, version in pinned.items():
         read_version(spark, cfg, name, version).createOrReplaceTempView(name)
@@ -141,34 +140,35 @@ def missing_table(spark: SparkSession | None, cfg: JobConfig, name: str) -> str 
     return None if tables.exists(spark, cfg, name) else f"no table {name} at {cfg.table(name)}"
 
 
-def missing_state(cfg: JobConfig, query: str) -> str | None:
-    if state_reader.last_committed(cfg, query) is not None:
-        return None
-    return f"the {query} query has no committed batch under {cfg.checkpoint(query)}"
+def missing_state(cfg: JobConfig, detector: str) -> str | None:
+    """Why the `detector`'s state (window or login) cannot be read, or None."""
+    checkpoint = cfg.checkpoint(EVALUATE_QUERY)
+    if state_reader.last_committed(cfg) is None:
+        return f"the {EVALUATE_QUERY} query has no committed batch under {checkpoint}"
+    if detector == "login" and lines.logged_sources(checkpoint) == 2:  # transactions and rule changes only
+        return f"the {EVALUATE_QUERY} query under {checkpoint} runs without login detection"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ state frames
 
 
-def _facts(frame: pd.DataFrame, cfg: JobConfig, batch: state_reader.CommittedBatch) -> pd.DataFrame:
-    """A state's rows with the facts of the batch they are the state of (what its checks compare with)."""
+def _facts(frame: pd.DataFrame, cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> pd.DataFrame:
+    """A detector's state rows with the facts of the batch they are the state of (what its checks compare with)."""
     return frame.assign(
-        batchId=batch.batch_id,
-        watermarkMs=batch.watermark_ms,
-        batchTimeMs=batch.timestamp_ms,
-        latenessMs=cfg.lateness_ms,
+        batchId=batch.batch_id, watermarkMs=watermark, batchTimeMs=batch.timestamp_ms, latenessMs=cfg.lateness_ms
     )
 
 
-def window_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
+def window_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> DataFrame:
     """The evaluate query's retained events that a window can still reach, one row each, with the batch's facts."""
-    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id), cfg, batch)
+    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id), cfg, batch, watermark)
     return spark.createDataFrame(frame, WINDOW_STATE_SCHEMA)
 
 
-def login_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch) -> DataFrame:
+def login_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> DataFrame:
     """The login detector's open sequences, one row each, with the batch's facts."""
-    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch)
+    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch, watermark)
     rows = frame.astype(object).where(pd.notna(frame), None).to_dict("records")
     return spark.createDataFrame(rows, LOGIN_STATE_SCHEMA)
 
@@ -280,27 +280,30 @@ class DeltaTableAsset(_PinnedAsset):
 
 
 class StreamStateAsset(_PinnedAsset):
-    """A stateful query's state (`query`: evaluate or detect_logins) at the committed batch the run pinned."""
+    """A detector's state (`detector`: window or login) in the evaluate query, at the committed batch the run
+    pinned."""
 
     type: Literal["stream_state"] = "stream_state"
-    query: Literal["evaluate", "detect_logins"]
+    detector: Literal["window", "login"]
 
     class Config:
         extra = pydantic.Extra.forbid
 
     def missing(self) -> str | None:
-        return missing_state(self._cfg(), self.query)
+        return missing_state(self._cfg(), self.detector)
 
     def frame(self, spark: SparkSession, cfg: JobConfig, snapshot: dict) -> tuple[DataFrame, dict, dict]:
-        batch = state_reader.committed(cfg, self.query, int(snapshot["state"][self.query]))
-        read = window_state if self.query == EVALUATE_QUERY else login_state
+        batch = state_reader.committed(cfg, EVALUATE_QUERY, int(snapshot["state"][EVALUATE_QUERY]))
+        read = window_state if self.detector == "window" else login_state
+        # the detector's own watermark after the batch (every shard sees every event: they all have it)
+        watermark = max(state_reader.watermarks(spark, cfg, batch.batch_id, self.detector).values(), default=0)
         described = {
-            "checkpoint": cfg.checkpoint(self.query),
+            "checkpoint": cfg.checkpoint(EVALUATE_QUERY),
             "state_batch_id": batch.batch_id,
-            "watermark_ms": batch.watermark_ms,
+            "watermark_ms": watermark,
             "reader_method": "statestore",
         }
-        return read(spark, cfg, batch), described, {"state_batch": batch.batch_id}
+        return read(spark, cfg, batch, watermark), described, {"state_batch": batch.batch_id}
 
 
 class TablesSource(_JobSource):
@@ -312,7 +315,7 @@ class TablesSource(_JobSource):
 
 
 class StateSource(_JobSource):
-    """The job's streaming state: one `stream_state` asset per stateful query."""
+    """The job's streaming state: one `stream_state` asset per detector."""
 
     asset_types: ClassVar[list[type[DataAsset]]] = [StreamStateAsset]
     type: Literal["fraudrules_state"] = "fraudrules_state"

@@ -1,9 +1,9 @@
 """The stateful queries' state, read from their checkpoints with Spark's state data source.
 
-The window state is what the evaluate query retains per shard, decoded with the engine's own codec
-(`engine.state`). Chunks may still physically hold events no window can reach any more (they go when their
-chunk is dropped or merged); `events` shows, by default, what the engine would use. The login state is the
-detector's open sequences.
+The window state is what the evaluate query retains per shard for the window rules, decoded with the engine's own
+codec (`engine.state`). Chunks may still physically hold events no window can reach any more (they go when their
+chunk is dropped or merged); `events` shows, by default, what the engine would use. The login state is the login
+detector's open sequences, kept by the same query.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
-from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY, JobConfig
+from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import keying
 from fraudrules.engine.inputs import numeric, shard_labels
 from fraudrules.engine.logins import decode_sequences
+from fraudrules.engine.processors import watermark_of
 from fraudrules.engine.ruleset import RuleSet
-from fraudrules.engine.state import Bounds, Resets, decode
+from fraudrules.engine.state import Bounds, Meta, Resets, decode
 from fraudrules.engine.windowing import FIELDS
 
 STATE_COLUMNS = ("shard", "ruleId", "sig", "key", "eventTime", "transactionId", "seq", "value")
@@ -34,7 +35,6 @@ class CommittedBatch:
     """A query's newest committed micro-batch, from its checkpoint's commit and offset logs."""
 
     batch_id: int
-    watermark_ms: int
     timestamp_ms: int
 
 
@@ -45,9 +45,9 @@ def last_committed(cfg: JobConfig, query: str = EVALUATE_QUERY) -> CommittedBatc
 
 
 def committed(cfg: JobConfig, query: str, batch_id: int) -> CommittedBatch:
-    """A committed batch of the query, with the watermark and time it ran with (from its offset log)."""
+    """A committed batch of the query, with the time it ran at (from its offset log)."""
     meta = json.loads((Path(cfg.checkpoint(query)) / "offsets" / str(batch_id)).read_text().splitlines()[1])
-    return CommittedBatch(batch_id, int(meta.get("batchWatermarkMs", 0)), int(meta.get("batchTimestampMs", 0)))
+    return CommittedBatch(batch_id, int(meta.get("batchTimestampMs", 0)))
 
 
 def raw(
@@ -65,10 +65,20 @@ def _index(cfg: JobConfig) -> dict[int, int]:
     return {label: i for i, label in enumerate(shard_labels(cfg.shards, cfg.shuffle_partitions))}
 
 
-def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int) -> dict[int, object]:
-    """A value state variable of the evaluate query, per shard number."""
+def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int, at: int = 0) -> dict[int, object]:
+    """A value state variable of the evaluate query (its field `at`), per shard number."""
     index = _index(cfg)
-    return {index[int(r.key.shard)]: r.value[0] for r in raw(spark, cfg, var, batch_id).collect()}
+    return {index[int(r.key.shard)]: r.value[at] for r in raw(spark, cfg, var, batch_id).collect()}
+
+
+def watermarks(spark: SparkSession, cfg: JobConfig, batch_id: int, detector: str = "window") -> dict[int, int]:
+    """Per shard number, a detector's own watermark (window or login) after a committed batch: the one the next
+    batch runs with (`processors.watermark_of` the newest event time it has seen)."""
+    if detector == "window":
+        clocks = {s: Meta.from_json(t).clock for s, t in _values(spark, cfg, "meta", batch_id).items()}
+    else:
+        clocks = _values(spark, cfg, "login_clock", batch_id, at=1)
+    return {s: watermark_of(int(c), cfg.lateness_ms) for s, c in clocks.items()}
 
 
 def _batch(cfg: JobConfig, batch_id: int | None) -> CommittedBatch | None:
@@ -83,7 +93,7 @@ def engine_rules(spark: SparkSession, cfg: JobConfig, batch_id: int) -> dict[int
 
 def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, live: bool = True) -> pd.DataFrame:
     """Retained events of the window rules, one row each: shard number and the engine's event columns; with
-    `live`, only those a future window can still reach (by the engine's own rules and the batch's watermark)."""
+    `live`, only those a future window can still reach (by the engine's own rules and watermark)."""
     batch = _batch(cfg, batch_id)
     if batch is None:
         return pd.DataFrame(columns=["shard", *FIELDS])
@@ -91,11 +101,12 @@ def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, liv
     rules = {s: RuleSet.from_json(t, schema) for s, t in _values(spark, cfg, "rules", batch.batch_id).items()}
     resets = {s: Resets.decode(bytes(b)) for s, b in _values(spark, cfg, "resets", batch.batch_id).items()}
     frames, index = [], _index(cfg)
+    marks = watermarks(spark, cfg, batch.batch_id) if live else {}
     for row in raw(spark, cfg, "chunks", batch.batch_id).collect():
         shard = index[int(row.key.shard)]
         ev = decode(bytes(row.user_map_value.blob))
         if live:
-            keep = Bounds.of(rules[shard].windows(), batch.watermark_ms).mask(ev)
+            keep = Bounds.of(rules[shard].windows(), marks[shard]).mask(ev)
             ev = ev.take(np.flatnonzero(keep & ~resets.get(shard, Resets.empty()).hidden(ev)))
         frames.append(pd.DataFrame({"shard": shard, **ev.columns()}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["shard", *FIELDS])
@@ -138,7 +149,7 @@ def login_sequences(spark: SparkSession, cfg: JobConfig, batch_id: int | None = 
     """Open login sequences of the login detector (as of a committed batch, default the newest): (shard, ruleId,
     userId, start, failedIps)."""
     rows = []
-    for row in raw(spark, cfg, "sequences", batch_id, query=LOGINS_QUERY).collect():
+    for row in raw(spark, cfg, "login_sequences", batch_id).collect():
         for (rule, user), seq in decode_sequences(bytes(row.value.blob)).items():
             rows.append(
                 {"shard": int(row.key.shard), "ruleId": rule, "userId": user, "start": seq.start, "failedIps": seq.ips}

@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
-from fraudrules.config import EVALUATE_QUERY, LOGINS_QUERY, JobConfig
+from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine.messages import duration_text, iso_time, key_label, rule_text
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import LOGIN_RULE, RuleError
@@ -278,12 +278,11 @@ def compare(
         switch_ms = _first_evaluated(spark, cfg, run.live_id, tuple(promoted)) if promoted else None
         if switch_ms is not None:
             run = replace(run, ended_ms=switch_ms)
-    query = LOGINS_QUERY if run.rule_type == LOGIN_RULE else EVALUATE_QUERY
-    unit, counted = ("login events", "inputRows") if query == LOGINS_QUERY else ("transactions", "transactions")
+    unit, counted = ("login events", "logins") if run.rule_type == LOGIN_RULE else ("transactions", "transactions")
     beats = (
         tables.read(spark, cfg, "batches")
-        .where(F.col("query") == query)
-        .select("batchId", (F.unix_millis("committedAt")).alias("t"), F.col(counted).alias("n"))
+        .where(F.col("query") == EVALUATE_QUERY)
+        .select("batchId", (F.unix_millis("committedAt")).alias("t"), F.coalesce(F.col(counted), F.lit(0)).alias("n"))
         .collect()
     )
     committed = [(int(r.batchId), int(r.t)) for r in beats]
