@@ -94,3 +94,6 @@ def test_transactions_and_logins_an_hour_apart_each_keep_their_own_watermark(spa
     assert alerts == [("LOGIN_ANOMALY", 100, None, 3), ("WINDOW", 1, 2, None)]
     late = stream.table("late_events").collect()
     assert [(x.kind, x.userId, x.watermarkMs) for x in late] == [("login", 4, hour + 4_000 - 60_000)]
+    batch = state_reader.last_committed(stream.cfg).batch_id  # what the data-quality suites compare with
+    assert state_reader.watermarks(spark, stream.cfg, batch, "login") == {0: hour + 4_000 - 60_000, 1: hour - 56_000}
+    assert state_reader.watermarks(spark, stream.cfg, batch, "window") == {0: 0, 1: 0}  # 2,000 − 60,000: none yet

@@ -65,10 +65,10 @@ def _index(cfg: JobConfig) -> dict[int, int]:
     return {label: i for i, label in enumerate(shard_labels(cfg.shards, cfg.shuffle_partitions))}
 
 
-def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int, at: int = 0) -> dict[int, object]:
-    """A value state variable of the evaluate query (its field `at`), per shard number."""
+def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int) -> dict[int, object]:
+    """A value state variable of the evaluate query, per shard number."""
     index = _index(cfg)
-    return {index[int(r.key.shard)]: r.value[at] for r in raw(spark, cfg, var, batch_id).collect()}
+    return {index[int(r.key.shard)]: r.value[0] for r in raw(spark, cfg, var, batch_id).collect()}
 
 
 def watermarks(spark: SparkSession, cfg: JobConfig, batch_id: int, detector: str = "window") -> dict[int, int]:
@@ -77,7 +77,7 @@ def watermarks(spark: SparkSession, cfg: JobConfig, batch_id: int, detector: str
     if detector == "window":
         clocks = {s: Meta.from_json(t).clock for s, t in _values(spark, cfg, "meta", batch_id).items()}
     else:
-        clocks = _values(spark, cfg, "login_clock", batch_id, at=1)
+        clocks = _values(spark, cfg, "login_clock", batch_id)
     return {s: watermark_of(int(c), cfg.lateness_ms) for s, c in clocks.items()}
 
 
