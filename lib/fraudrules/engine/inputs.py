@@ -98,12 +98,16 @@ def _null_masks(schema: EventSchema) -> list[Column]:
     return masks
 
 
+def _source() -> list[Column]:
+    """A record's place in its source as the engine reads it (`SOURCE_COLUMNS`): time, source id, position."""
+    return [F.col("srcTime").cast("long"), F.xxhash64("srcName").alias("srcId"), F.col("srcPos").cast("long")]
+
+
 def numeric(tx: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
     """Typed transactions as the flat columns keying reads (`EventSchema.engine_columns`): every declared field,
     nested ones included, as an exact integer (`_coded`) or as text, the null masks, the source position."""
     fields = [(_coded(f) if f.coded else F.col(f.path).cast("string")).alias(f.column) for f in schema.fields.values()]
-    source = [F.col("srcTime").cast("long"), F.xxhash64("srcName").alias("srcId"), F.col("srcPos").cast("long")]
-    return tx.select(*fields, *_null_masks(schema), *source)
+    return tx.select(*fields, *_null_masks(schema), *_source())
 
 
 def login_column(name: str) -> str:
@@ -127,8 +131,7 @@ def transactions(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
 def logins(raw: DataFrame) -> DataFrame:
     """Valid login events: the login fields (`login_column`) and the source position, as transactions have it."""
     events = ingest.valid(ingest.parse_logins(raw))
-    source = [F.col("srcTime").cast("long"), F.xxhash64("srcName").alias("srcId"), F.col("srcPos").cast("long")]
-    return events.select(*[F.col(n).cast(k).alias(login_column(n)) for n, k in LOGIN_FIELDS.items()], *source)
+    return events.select(*[F.col(n).cast(k).alias(login_column(n)) for n, k in LOGIN_FIELDS.items()], *_source())
 
 
 def detector_input(
