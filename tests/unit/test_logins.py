@@ -65,6 +65,16 @@ def test_two_failures_then_expiry_no_alert_and_state_empty():
     assert d.state == {}
 
 
+def test_expire_at_prunes_to_the_next_batchs_watermark_in_the_same_step():
+    rules, stream = RuleSet(), RuleStream()
+    changes = stream.changes([login_rule(3, 2, W)], LOGIN_EVENT_COLUMNS)
+    rows = pd.concat([login_frame([ev(1, "FAIL", "1.1.1.1", 1000), ev(2, "FAIL", "1.1.1.1", 5000)], 0), changes])
+    _, kept = step(Batch.of(rows.reset_index(drop=True)), rules, {}, 0, 0, now_ms=0)
+    assert set(kept) == {(1, 1), (1, 2)}  # expiry at this batch's watermark (0) keeps both
+    _, kept = step(Batch.of(rows.reset_index(drop=True)), RuleSet(), {}, 0, 0, now_ms=0, expire_at=1000 + W + 1)
+    assert set(kept) == {(1, 2)}  # user 1's sequence ends at 1000 + W, before the next watermark
+
+
 def test_late_event_goes_to_the_side_output():
     d = Detector(lateness_ms=5_000)
     d.feed([ev(1, "FAIL", "1.1.1.1", 100_000)])

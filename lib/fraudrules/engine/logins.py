@@ -86,9 +86,16 @@ def expire(state: State, windows: dict[int, int], watermark: int) -> State:
 
 
 def step(
-    batch: Batch, rules: RuleSet, state: State, watermark: int, shard: int, now_ms: int | None = None
+    batch: Batch,
+    rules: RuleSet,
+    state: State,
+    watermark: int,
+    shard: int,
+    now_ms: int | None = None,
+    expire_at: int | None = None,
 ) -> tuple[pd.DataFrame, State]:
-    """One shard's login events of one micro-batch: (output rows, next state)."""
+    """One shard's login events of one micro-batch: (output rows, next state). The next state keeps the sequences
+    an event at or after `expire_at` (default: this batch's watermark; the caller passes the next batch's) can join."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     epoch = rules.epoch
     rules.apply(batch.rule_changes)
@@ -134,4 +141,4 @@ def step(
         {"kind": "rule", "ruleId": r, "ruleVersion": versions[r], "aggregate": str(n)} for r, n in seen.items() if n
     ]
     frame = pd.DataFrame(out, columns=list(OUTPUT_COLUMNS)).assign(shard=shard, watermark=watermark, producedAt=now_ms)
-    return typed(frame), expire(state, windows, watermark)
+    return typed(frame), expire(state, windows, watermark if expire_at is None else expire_at)

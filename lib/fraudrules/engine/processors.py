@@ -126,12 +126,18 @@ class LoginDetector:
         watermark = watermark_of(newest, self.lateness_ms)
         mine = events[events[login_column("userId")].to_numpy(np.int64) % shards == shard]
         mine = mine[[*LOGIN_NAMES, *SOURCE_COLUMNS]].rename(columns=LOGIN_NAMES)  # not the transactions' columns
-        out, state = logins.step(Batch(mine, changes), rule_set, decode_sequences(saved), watermark, shard)
         if len(events):
             newest = max(newest, int(events[login_column("eventTimestamp")].max()))
             self.clock.update((newest,))
         # open sequences that no event at or after the next batch's watermark can join go now
-        state = logins.expire(state, logins.windows_of(rule_set), watermark_of(newest, self.lateness_ms))
+        out, state = logins.step(
+            Batch(mine, changes),
+            rule_set,
+            decode_sequences(saved),
+            watermark,
+            shard,
+            expire_at=watermark_of(newest, self.lateness_ms),
+        )
         if (text := rule_set.to_json()) != before:
             self.rules.update((text,))
         blob = encode_sequences(state) if state else None
