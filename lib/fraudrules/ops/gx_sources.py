@@ -160,15 +160,25 @@ def _facts(frame: pd.DataFrame, cfg: JobConfig, batch: state_reader.CommittedBat
     )
 
 
-def window_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> DataFrame:
-    """The evaluate query's retained events that a window can still reach, one row each, with the batch's facts."""
-    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id), cfg, batch, watermark)
+def _watermark(marks: dict[int, int]) -> int:
+    """A detector's watermark after a batch from its shards' (every shard sees every event: they all have it)."""
+    return max(marks.values(), default=0)
+
+
+def window_state(
+    spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, marks: dict[int, int]
+) -> DataFrame:
+    """The evaluate query's retained events that a window can still reach (by the shards' watermarks `marks`),
+    one row each, with the batch's facts."""
+    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id, marks), cfg, batch, _watermark(marks))
     return spark.createDataFrame(frame, WINDOW_STATE_SCHEMA)
 
 
-def login_state(spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> DataFrame:
+def login_state(
+    spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, marks: dict[int, int]
+) -> DataFrame:
     """The login detector's open sequences, one row each, with the batch's facts."""
-    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch, watermark)
+    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch, _watermark(marks))
     rows = frame.astype(object).where(pd.notna(frame), None).to_dict("records")
     return spark.createDataFrame(rows, LOGIN_STATE_SCHEMA)
 
@@ -295,15 +305,14 @@ class StreamStateAsset(_PinnedAsset):
     def frame(self, spark: SparkSession, cfg: JobConfig, snapshot: dict) -> tuple[DataFrame, dict, dict]:
         batch = state_reader.committed(cfg, EVALUATE_QUERY, int(snapshot["state"][EVALUATE_QUERY]))
         read = window_state if self.detector == "window" else login_state
-        # the detector's own watermark after the batch (every shard sees every event: they all have it)
-        watermark = max(state_reader.watermarks(spark, cfg, batch.batch_id, self.detector).values(), default=0)
+        marks = state_reader.watermarks(spark, cfg, batch.batch_id, self.detector)  # read once, for both uses
         described = {
             "checkpoint": cfg.checkpoint(EVALUATE_QUERY),
             "state_batch_id": batch.batch_id,
-            "watermark_ms": watermark,
+            "watermark_ms": _watermark(marks),
             "reader_method": "statestore",
         }
-        return read(spark, cfg, batch, watermark), described, {"state_batch": batch.batch_id}
+        return read(spark, cfg, batch, marks), described, {"state_batch": batch.batch_id}
 
 
 class TablesSource(_JobSource):

@@ -91,9 +91,16 @@ def engine_rules(spark: SparkSession, cfg: JobConfig, batch_id: int) -> dict[int
     return {s: RuleSet.from_json(t, schema).windows() for s, t in _values(spark, cfg, "rules", batch_id).items()}
 
 
-def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, live: bool = True) -> pd.DataFrame:
+def events(
+    spark: SparkSession,
+    cfg: JobConfig,
+    batch_id: int | None = None,
+    live: bool = True,
+    marks: dict[int, int] | None = None,
+) -> pd.DataFrame:
     """Retained events of the window rules, one row each: shard number and the engine's event columns; with
-    `live`, only those a future window can still reach (by the engine's own rules and watermark)."""
+    `live`, only those a future window can still reach (by the engine's own rules and watermark: `marks` when the
+    caller has read them, see `watermarks`)."""
     batch = _batch(cfg, batch_id)
     if batch is None:
         return pd.DataFrame(columns=["shard", *FIELDS])
@@ -101,7 +108,8 @@ def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, liv
     rules = {s: RuleSet.from_json(t, schema) for s, t in _values(spark, cfg, "rules", batch.batch_id).items()}
     resets = {s: Resets.decode(bytes(b)) for s, b in _values(spark, cfg, "resets", batch.batch_id).items()}
     frames, index = [], _index(cfg)
-    marks = watermarks(spark, cfg, batch.batch_id) if live else {}
+    if live and marks is None:
+        marks = watermarks(spark, cfg, batch.batch_id)
     for row in raw(spark, cfg, "chunks", batch.batch_id).collect():
         shard = index[int(row.key.shard)]
         ev = decode(bytes(row.user_map_value.blob))
@@ -112,10 +120,12 @@ def events(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, liv
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["shard", *FIELDS])
 
 
-def entries(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:
-    """One row per retained event the engine can still use, with its key (the transaction's grouping fields,
-    read back from bronze) and its transaction."""
-    ev = events(spark, cfg, batch_id)
+def entries(
+    spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, marks: dict[int, int] | None = None
+) -> pd.DataFrame:
+    """One row per retained event the engine can still use (`events`, live), with its key (the transaction's
+    grouping fields, read back from bronze) and its transaction."""
+    ev = events(spark, cfg, batch_id, marks=marks)
     if ev.empty:
         return pd.DataFrame(columns=list(STATE_COLUMNS))
     batch = _batch(cfg, batch_id)
