@@ -51,7 +51,7 @@ ALERT_ROW = (
     "details string"
 )
 # Bronze transactions: the declared event schema's typed columns (see `ddl`), then these.
-BRONZE_TAIL = "fields map<string,string>, raw string, srcName string, srcPos long, ingestedAt timestamp"
+BRONZE_TAIL = "raw string, srcName string, srcPos long, ingestedAt timestamp"
 SCHEMAS: dict[str, str] = {
     "transactions": f"{DEFAULT_EVENTS.spark_ddl}, {BRONZE_TAIL}",  # with the default event schema
     "quarantine": ("kind string, raw string, reason string, srcName string, srcPos long, quarantinedAt timestamp"),

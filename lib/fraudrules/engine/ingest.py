@@ -178,14 +178,13 @@ def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
     """Typed transactions of the declared schema plus `error` (null when the record is valid): the first of
     `reasons` that applies.
 
-    Every field is read as text first (JSON numbers and numeric strings are both accepted), then cast; `fields`
-    keeps the text of every top-level field that is not a struct. The raw record keeps any extra fields.
+    Every field is read as text first (JSON numbers and numeric strings are both accepted), then cast. The raw
+    record keeps any extra fields.
     """
     df, record = _Record.parsed(raw, schema)
     leaves = schema.fields.values()
     read = [_read(leaf, record.text[leaf.path]).alias(_cast_column(leaf)) for leaf in leaves]
-    names = [x for r in schema.roots if r.leaf is not None for x in (F.lit(r.name), record.text[r.path])]
-    df = df.select(*RAW_COLUMNS, "j", F.create_map(*names).alias("fields"), *read)
+    df = df.select(*RAW_COLUMNS, "j", *read)
     error = _error(record, {f.path: F.col(_cast_column(f)) for f in leaves})
     if record.nested:  # a marked record: every check again, from its text
         slow = record.diagnosis()
@@ -193,7 +192,7 @@ def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
             _error(slow, {f.path: _read(f, slow.text[f.path]) for f in leaves})
         )
     typed = [_typed(r, record).alias(r.name) for r in schema.roots]
-    return df.select(*RAW_COLUMNS, "fields", *typed, error.alias("error"))
+    return df.select(*RAW_COLUMNS, *typed, error.alias("error"))
 
 
 def _error(record: _Record, reads: dict[str, Column]) -> Column:
