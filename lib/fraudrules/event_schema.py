@@ -42,6 +42,11 @@ NULL_MASK_PREFIX = "_nulls"  # the null-mask columns (`mask_column`)
 # Columns of the engine's input beside the declared fields: the source's, the rule change (`codec.RULE_CHANGE`) and
 # the shard label (`inputs`), besides the null masks. No field may take one of them.
 ENGINE_COLUMNS = (*SOURCE_COLUMNS, "ruleChange", "shard")
+# Top-level names bronze and the parse keep for their own columns (Spark matches names whatever their case): the
+# record as every source yields it (`ingest.RAW_COLUMNS`), the parsed record and its quarantine reason, bronze's
+# tail (`tables.BRONZE_TAIL`); and the prefixes of the parse's typed reads and of the detectors' login columns.
+BRONZE_COLUMNS = ("value", "srcTime", "srcName", "srcPos", "j", "error", "raw", "ingestedAt")
+RESERVED_PREFIXES = ("_c_", "login_")
 SYSTEM = (ID, TIME, INGESTED)  # always in the engine's input, never null (ingestionTimestamp: -1 when absent)
 VALUES_COMMENT = re.compile(r"^\s*values\s*:(.*)$", re.IGNORECASE | re.DOTALL)
 MASK_BITS = 63  # nullable numeric fields per null-mask column of the engine's input
@@ -352,9 +357,7 @@ def _resolved(ddl: str, roots: tuple[Node, ...]) -> EventSchema:
         nonlocal bit
         always = always and node.not_null
         if node.leaf is None:
-            names = [c.name for c in node.children]
-            if len(set(names)) != len(names):
-                raise SchemaError(f"{node.path or 'the schema'} declares a field twice")
+            _check_names(node.path, [c.name for c in node.children])
             return Node(node.name, node.path, node.not_null, children=tuple(visit(c, always) for c in node.children))
         leaf = node.leaf
         nullable = not always and leaf.path not in SYSTEM
@@ -362,23 +365,48 @@ def _resolved(ddl: str, roots: tuple[Node, ...]) -> EventSchema:
         if nullable and leaf.coded:
             null_bit, bit = bit, bit + 1
         leaf = replace(leaf, nullable=nullable, null_bit=null_bit)
-        if leaf.column in seen_columns:
-            raise SchemaError(f"{leaf.path} and {seen_columns[leaf.column]} would share the column {leaf.column}")
-        if leaf.column in ENGINE_COLUMNS or leaf.column.startswith(NULL_MASK_PREFIX):
+        if leaf.column.lower() in seen_columns:  # Spark matches column names whatever their case
+            raise SchemaError(
+                f"{leaf.path} and {seen_columns[leaf.column.lower()]} would share the column {leaf.column}"
+            )
+        if _taken(leaf.column, ENGINE_COLUMNS, (NULL_MASK_PREFIX,)):
             raise SchemaError(f"{leaf.path}: the engine's input names its own column {leaf.column}; rename the field")
-        seen_columns[leaf.column] = leaf.path
+        seen_columns[leaf.column.lower()] = leaf.path
         leaves[leaf.path] = leaf
         return Node(node.name, node.path, node.not_null, leaf=leaf)
 
     names = [r.name for r in roots]
-    if len(set(names)) != len(names):
-        raise SchemaError("the schema declares a field twice")
+    _check_names("the schema", names)
     resolved = tuple(visit(r, True) for r in roots)
+    for name in names:
+        if _taken(name, BRONZE_COLUMNS, RESERVED_PREFIXES):
+            kept = ", ".join([*BRONZE_COLUMNS, *(f"{p}…" for p in RESERVED_PREFIXES)])
+            raise SchemaError(f"{name}: bronze and ingest keep that name for a column of their own ({kept}); rename it")
     for name in SYSTEM:
         f = leaves.get(name)
         if f is None or f.sql != "BIGINT":
             raise SchemaError(f"the schema must declare {name} BIGINT (top level)")
     return EventSchema(ddl, resolved, leaves)
+
+
+def _taken(name: str, columns: tuple[str, ...], prefixes: tuple[str, ...]) -> bool:
+    """`name` is one of `columns` or starts with one of `prefixes`, whatever the case of either."""
+    low = name.lower()
+    return low in (c.lower() for c in columns) or low.startswith(tuple(p.lower() for p in prefixes))
+
+
+def _check_names(where: str, names: list[str]) -> None:
+    """A struct's (or the schema's) fields: no name twice, case aside, as Spark and Delta match names."""
+    seen: dict[str, str] = {}
+    for name in names:
+        if name.lower() in seen:
+            twice = (
+                name
+                if name == seen[name.lower()]
+                else f"{seen[name.lower()]} and {name}, names that differ only in case"
+            )
+            raise SchemaError(f"{where} declares a field twice: {twice}")
+        seen[name.lower()] = name
 
 
 # ------------------------------------------------------------------------------------------ built-in and files

@@ -8,8 +8,21 @@ import pytest
 
 from fraudrules import event_schema
 from fraudrules.config import JobConfig
-from fraudrules.event_schema import DEFAULT, ENGINE_COLUMNS, SOURCE_COLUMNS, SchemaError, mask_column, parse
+from fraudrules.engine import ingest
+from fraudrules.engine.ingest import RAW_COLUMNS
+from fraudrules.engine.inputs import LOGIN_COLUMNS
+from fraudrules.event_schema import (
+    BRONZE_COLUMNS,
+    DEFAULT,
+    ENGINE_COLUMNS,
+    RESERVED_PREFIXES,
+    SOURCE_COLUMNS,
+    SchemaError,
+    mask_column,
+    parse,
+)
 from fraudrules.rules.codec import RULE_CHANGE
+from fraudrules.tables import BRONZE_TAIL
 
 RICH = (
     "transactionId BIGINT, eventTime BIGINT, payeeId BIGINT, beneficiaryId BIGINT, paymentAmount DECIMAL(18,2), "
@@ -114,6 +127,14 @@ def test_ddl_spellings_comments_quotes_and_declared_values():
         ("transactionId BIGINT, eventTime BIGINT, srcPos BIGINT", "srcPos: the engine's input names its own column"),
         ("transactionId BIGINT, eventTime BIGINT, shard STRING", "shard: the engine's input names its own column"),
         ("transactionId BIGINT, eventTime BIGINT, `_nulls0` INT", "_nulls0: the engine's input names its own column"),
+        ("transactionId BIGINT, eventTime BIGINT, SHARD INT", "SHARD: the engine's input names its own column"),
+        ("transactionId BIGINT, eventTime BIGINT, raw STRING", "raw: bronze and ingest keep that name"),
+        ("transactionId BIGINT, eventTime BIGINT, Value DECIMAL(9,2)", "Value: bronze and ingest keep that name"),
+        ("transactionId BIGINT, eventTime BIGINT, error STRING", "error: bronze and ingest keep that name"),
+        ("transactionId BIGINT, eventTime BIGINT, login_ip STRING", "login_ip: bronze and ingest keep that name"),
+        ("transactionId BIGINT, eventTime BIGINT, a INT, A STRING", "a and A, names that differ only in case"),
+        ("transactionId BIGINT, eventTime BIGINT, m STRUCT<id: INT, ID: INT>", "m declares a field twice: id and ID"),
+        ("transactionId BIGINT, eventTime BIGINT, a__b INT, A STRUCT<b: INT>", "A.b and a__b would share the column"),
     ],
 )
 def test_unusable_schemas_are_refused_naming_why(ddl, problem):
@@ -125,6 +146,14 @@ def test_the_reserved_columns_are_those_the_engine_adds():
     assert RULE_CHANGE in ENGINE_COLUMNS and set(SOURCE_COLUMNS) <= set(DEFAULT.engine_columns())
     nullable = parse("transactionId BIGINT, eventTime BIGINT, a INT")
     assert nullable.mask_columns == (mask_column(nullable.fields["a"].null_bit),) == ("_nulls0",)
+
+
+def test_the_names_kept_from_fields_are_the_columns_bronze_and_ingest_add():
+    bronze = [c.split()[0] for c in BRONZE_TAIL.split(", ")]
+    assert set(RAW_COLUMNS) | {"j", "error"} | set(bronze) == set(BRONZE_COLUMNS)
+    assert ingest._cast_column(DEFAULT.fields["payeeId"]).startswith(RESERVED_PREFIXES)
+    assert all(c.startswith(RESERVED_PREFIXES) for c in LOGIN_COLUMNS)
+    assert parse("transactionId BIGINT, eventTime BIGINT, m STRUCT<raw: STRING, value: INT>, valueDate STRING")
 
 
 def test_closest_names_for_a_misspelt_or_unprefixed_field():
