@@ -378,7 +378,7 @@ def _resolved(ddl: str, roots: tuple[Node, ...]) -> EventSchema:
     names = [r.name for r in roots]
     _check_names("the schema", names)
     resolved = tuple(visit(r, True) for r in roots)
-    for name in names:
+    for name in names:  # after `visit`: a leaf the engine's input also names (srcPos) is refused with that reason
         if _taken(name, BRONZE_COLUMNS, RESERVED_PREFIXES):
             kept = ", ".join([*BRONZE_COLUMNS, *(f"{p}…" for p in RESERVED_PREFIXES)])
             raise SchemaError(f"{name}: bronze and ingest keep that name for a column of their own ({kept}); rename it")
@@ -399,12 +399,9 @@ def _check_names(where: str, names: list[str]) -> None:
     """A struct's (or the schema's) fields: no name twice, case aside, as Spark and Delta match names."""
     seen: dict[str, str] = {}
     for name in names:
-        if name.lower() in seen:
-            twice = (
-                name
-                if name == seen[name.lower()]
-                else f"{seen[name.lower()]} and {name}, names that differ only in case"
-            )
+        first = seen.get(name.lower())
+        if first is not None:
+            twice = name if first == name else f"{first} and {name}, names that differ only in case"
             raise SchemaError(f"{where} declares a field twice: {twice}")
         seen[name.lower()] = name
 

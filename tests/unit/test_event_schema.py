@@ -153,7 +153,8 @@ def test_the_names_kept_from_fields_are_the_columns_bronze_and_ingest_add():
     assert set(RAW_COLUMNS) | {"j", "error"} | set(bronze) == set(BRONZE_COLUMNS)
     assert ingest._cast_column(DEFAULT.fields["payeeId"]).startswith(RESERVED_PREFIXES)
     assert all(c.startswith(RESERVED_PREFIXES) for c in LOGIN_COLUMNS)
-    assert parse("transactionId BIGINT, eventTime BIGINT, m STRUCT<raw: STRING, value: INT>, valueDate STRING")
+    nested = parse("transactionId BIGINT, eventTime BIGINT, m STRUCT<raw: STRING, value: INT>, valueDate STRING")
+    assert {"m.raw", "m.value", "valueDate"} <= set(nested.fields)
 
 
 def test_closest_names_for_a_misspelt_or_unprefixed_field():
