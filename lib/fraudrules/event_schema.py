@@ -179,10 +179,11 @@ class EventSchema:
     def changed_from(self, older: EventSchema) -> list[str]:
         """Leaves declared in both with another type or other declared values: Delta cannot change a column's
         type, and the engine would key their values differently (windows would silently start afresh)."""
+        before = {p.lower(): f for p, f in older.fields.items()}  # Spark and Delta match names whatever their case
         return [
-            f"{p}: {older.fields[p].describe} -> {f.describe}"
+            f"{p}: {before[p.lower()].describe} -> {f.describe}"
             for p, f in self.fields.items()
-            if p in older.fields and (older.fields[p].sql, older.fields[p].values) != (f.sql, f.values)
+            if p.lower() in before and (before[p.lower()].sql, before[p.lower()].values) != (f.sql, f.values)
         ]
 
 

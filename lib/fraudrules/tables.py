@@ -96,17 +96,17 @@ def ddl(name: str, cfg: JobConfig | None = None) -> str:
 
 def _missing(declared: StructType, existing: StructType, prefix: str = "") -> tuple[list[str], list[str]]:
     """Declared columns (and struct fields) a table lacks, and those it has with another type."""
-    have = {f.name: f.dataType for f in existing.fields}
+    have = {f.name.lower(): f.dataType for f in existing.fields}  # Delta matches names whatever their case
     added, changed = [], []
     for f in declared.fields:
-        path = prefix + f.name
-        if f.name not in have:
+        path, there = prefix + f.name, have.get(f.name.lower())
+        if there is None:
             added.append(path)
-        elif isinstance(f.dataType, StructType) and isinstance(have[f.name], StructType):
-            more, other = _missing(f.dataType, have[f.name], path + ".")
+        elif isinstance(f.dataType, StructType) and isinstance(there, StructType):
+            more, other = _missing(f.dataType, there, path + ".")
             added, changed = added + more, changed + other
-        elif f.dataType != have[f.name]:
-            changed.append(f"{path} is {have[f.name].simpleString()}, declared {f.dataType.simpleString()}")
+        elif f.dataType != there:
+            changed.append(f"{path} is {there.simpleString()}, declared {f.dataType.simpleString()}")
     return added, changed
 
 

@@ -239,4 +239,10 @@ def test_a_restart_with_added_fields_keeps_state_and_rules_and_refuses_removals(
         FileStream(spark, data, [], shards=2, event_schema=str(tmp_path / "v3.ddl")).start()
     with pytest.raises(SchemaError, match=r"a field cannot change its type \(channel: STRING -> INT\)"):
         FileStream(spark, data, [], shards=2, event_schema=str(tmp_path / "v4.ddl")).start()
+    (tmp_path / "v5.ddl").write_text(V2.replace("merchant", "Merchant").replace("mcc", "MCC"))
+    (tmp_path / "v6.ddl").write_text(V2.replace("channel STRING", "CHANNEL INT"))
+    with pytest.raises(SchemaError, match=r"a field cannot change its type \(CHANNEL: STRING -> INT\)"):
+        FileStream(spark, data, [], shards=2, event_schema=str(tmp_path / "v6.ddl")).start()
+    # Delta matches column names whatever their case: a name changed only in case adds no column
+    assert tables.evolve(spark, stream.cfg.with_(event_schema=str(tmp_path / "v5.ddl")), "transactions") == []
     assert event_schema.recorded(stream.cfg).ddl == V2  # refused: nothing changed

@@ -170,6 +170,13 @@ def test_changed_fields_between_two_schemas():
     assert new.changed_from(old) == ["a: INT -> BIGINT", "k: STRING (values X, Y) -> STRING"]
 
 
+def test_a_field_whose_name_changes_only_in_case_is_the_same_field():
+    old = parse("transactionId BIGINT, eventTime BIGINT, a INT, m STRUCT<b: STRING>")
+    assert parse("transactionId BIGINT, eventTime BIGINT, A INT, M STRUCT<B: STRING>").changed_from(old) == []
+    new = parse("transactionId BIGINT, eventTime BIGINT, A BIGINT, m STRUCT<B: INT>")
+    assert new.changed_from(old) == ["A: INT -> BIGINT", "m.B: STRING -> INT"]
+
+
 def test_files_the_job_config_and_the_recorded_schema(tmp_path):
     path = tmp_path / "rich.ddl"
     path.write_text(RICH)
