@@ -499,13 +499,16 @@ class TopicTail(threading.Thread):
             partitions = consumer.list_topics(self.topic, timeout=self.timeout_s).topics[self.topic].partitions
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
             while not self._halt.is_set():
-                messages = consumer.consume(num_messages=1_000, timeout=0.1)
+                # one message per call: poll returns as soon as one is there, where consume(n, timeout) waits for n
+                # messages or its whole timeout (librdkafka's batch call) and would add up to that to each latency
+                msg = consumer.poll(0.1)
+                if msg is None:
+                    continue
                 received_ms = int(time.time() * 1000)
-                for msg in messages:
-                    if msg.error():
-                        raise RuntimeError(f"consuming {self.topic}: {msg.error()}")
-                    self.on_message(msg, received_ms)
-                    self.read[msg.partition()] = msg.offset() + 1
+                if msg.error():
+                    raise RuntimeError(f"consuming {self.topic}: {msg.error()}")
+                self.on_message(msg, received_ms)
+                self.read[msg.partition()] = msg.offset() + 1
         except BaseException as err:  # reported through `error`
             self.error = err
         finally:
