@@ -105,3 +105,35 @@ def test_a_detail_read_again_never_displaces_one_held_since_its_chunk_was_writte
     budget.trim()
     assert [x.detail is not None for x in (a, b, c)] == [False, True, True]
     assert budget.held_bytes() <= budget.limit
+
+
+def test_a_summary_dropped_for_the_budget_is_read_again_from_its_file_not_built_from_the_events(tmp_path, monkeypatch):
+    """Long windows hold whole groups: a batch needs every chunk's summary and no chunk's events. Summaries the
+    budget dropped come back from their small local files, without reading or decoding the chunks' events."""
+    monkeypatch.setattr(state.BUDGET, "limit", 0)
+    rng = np.random.default_rng(11)
+    windows = {1: 24 * 60 * MIN, 2: 24 * 60 * MIN}
+    rules = {1: rule(1, agg="SUM", window=24 * 60), 2: rule(2, agg="MAX", window=24 * 60)}
+    store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
+    old = []
+    for b in range(5):
+        ev = _events(rng, 200, [1, 2], (b * 2 * MIN, (b + 1) * 2 * MIN), b * 200, np.arange(-50, 500))
+        ev.g = ev.g + ev.rule
+        old.append(ev)
+        store.append(ev, Bounds.of({r: (0, w) for r, w in windows.items()}, 0))
+    assert sum(store.parts[c.id].summary is None for c in store.meta.chunks) == len(store.meta.chunks) - 1
+    store.cache.retain(store.meta.chunks)
+    files = sorted(p.name for p in (tmp_path / "test" / "0").iterdir())
+    assert files == sorted(f"{c.id}-{c.tag}{part}.arrow" for c in store.meta.chunks for part in ("", ".summary"))
+
+    def unread(*_):
+        raise AssertionError("a chunk's events were read")
+
+    monkeypatch.setattr(store.cache, "read", unread)
+    monkeypatch.setattr(store.backend, "chunks", unread)
+    new = _events(rng, 300, [1, 2], (10 * MIN, 20 * MIN), 5_000, np.arange(-50, 500))
+    new.g = new.g + new.rule
+    got = store.base(new, rules)
+    for i, (count, total, _, high) in enumerate(_scan(Events.concat(old), new, windows)):
+        assert (got.count[i], got.total[i]) == (count, total), i
+        assert got.high[i] == (high if new.rule[i] == 2 else I64_MIN), i

@@ -9,8 +9,9 @@ which chunks make up the shard, with per (rule, signature) spans for those decis
 
 The state store is the truth. A Python worker also keeps each chunk's per-group summary and decoded
 events within a memory budget (`Budget`, `STATE_MEMORY_MB`), and its stored bytes in a local cache
-directory (shared by all Python workers of the machine), all keyed by the chunk's id and tag, so a batch
-reads from the state store only what no cache holds. A tag names the write that made a chunk; a catalog
+directory (shared by all Python workers of the machine) with its summary beside them, all keyed by the chunk's
+id and tag, so a batch reads from the state store only what no cache holds, and a summary dropped from memory is
+read again without the chunk's events. A tag names the write that made a chunk; a catalog
 never refers to a chunk by id alone, so a cache can be stale but never wrong.
 """
 
@@ -40,6 +41,7 @@ MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (ea
 SIMILAR = 2  # sizes within this factor of the smallest are similar
 MAX_MERGED = 500_000  # events: bounds the merge work in one micro-batch; bigger chunks are only dropped or rewritten
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
+SUMMARY_PART = ".summary"  # a chunk's summary file in the local disk cache, beside its events' file
 STATE_MEMORY_MB = JobConfig.state_memory_mb  # chunk summaries and events a Python worker keeps in memory (`Budget`)
 _STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
 _NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
@@ -241,27 +243,55 @@ class Indexed:
     def restore(self, ev: Events) -> None:
         """What was dropped, built again from the chunk's events."""
         self.detail = self.detail or Detail(ev)
-        self.summary = self.summary or Summary(self.detail)
+        self.summary = self.summary or Summary.of(self.detail)
 
     def nbytes(self) -> int:
-        """Bytes of the parts held, each array once (the summary's group sizes are the detail's own array)."""
+        """Bytes of the parts held, each array once (a summary built from the detail shares its group sizes)."""
         parts = (self.summary, self.detail)
         arrays = {id(a): a for part in parts if part is not None for a in part.arrays()}
         return sum(a.nbytes for a in arrays.values())
 
 
+@dataclass(eq=False)
 class Summary:
     """Per group of a chunk (its events are sorted by group, then time): size, time span, sum, minimum and
     maximum. They answer every query whose window holds all of the group's events in the chunk, the common
     case of long windows; one row per group, not per event."""
 
-    def __init__(self, detail: Detail):
+    g: np.ndarray
+    h2: np.ndarray
+    size: np.ndarray
+    t_first: np.ndarray
+    t_last: np.ndarray
+    sums: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+    @staticmethod
+    def of(detail: Detail) -> Summary:
         ev, first = detail.ev, detail.first
-        self.g, self.h2, self.size = ev.g[first], ev.h2[first], detail.size
-        self.t_first, self.t_last = ev.t[first], ev.t[first + self.size - 1]
-        self.sums = detail.group_sums()
-        self.low = np.minimum.reduceat(ev.val, first) if len(ev) else np.zeros(0, dtype=np.int64)
-        self.high = np.maximum.reduceat(ev.val, first) if len(ev) else np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        return Summary(
+            g=ev.g[first],
+            h2=ev.h2[first],
+            size=detail.size,  # the detail's own array
+            t_first=ev.t[first],
+            t_last=ev.t[first + detail.size - 1],
+            sums=detail.group_sums(),
+            low=np.minimum.reduceat(ev.val, first) if len(ev) else empty,
+            high=np.maximum.reduceat(ev.val, first) if len(ev) else empty,
+        )
+
+    def encode(self) -> bytes | None:
+        """The summary as an Arrow file for the local disk cache; None when a sum is past int64 (python ints)."""
+        if self.sums.dtype == object:
+            return None
+        return _ipc(pa.table({name: getattr(self, name) for name in SUMMARY_FIELDS}))
+
+    @staticmethod
+    def decode(blob: bytes) -> Summary:
+        table = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
+        return Summary(**{name: table.column(name).to_numpy() for name in SUMMARY_FIELDS})
 
     def groups_of(self, g: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """The chunk's group number of each (g, h2), -1 where it has none."""
@@ -279,7 +309,10 @@ class Summary:
         return np.where(found, at, -1)
 
     def arrays(self) -> list[np.ndarray]:
-        return [self.g, self.h2, self.size, self.t_first, self.t_last, self.sums, self.low, self.high]
+        return [getattr(self, name) for name in SUMMARY_FIELDS]
+
+
+SUMMARY_FIELDS = ("g", "h2", "size", "t_first", "t_last", "sums", "low", "high")
 
 
 class Detail:
@@ -421,8 +454,8 @@ class Cache:
         self.dir = os.path.join(root or cache_root(), namespace, str(shard))
         self.loaded: dict[int, tuple[str, Indexed]] = {}
 
-    def _path(self, c: Chunk) -> str:
-        return os.path.join(self.dir, f"{c.id}-{c.tag}.arrow")
+    def _path(self, c: Chunk, part: str = "") -> str:
+        return os.path.join(self.dir, f"{c.id}-{c.tag}{part}.arrow")
 
     def get(self, c: Chunk) -> Indexed | None:
         hit = self.loaded.get(c.id)
@@ -439,20 +472,36 @@ class Cache:
         except (FileNotFoundError, pa.ArrowInvalid):
             return None
 
+    def read_summary(self, c: Chunk) -> Summary | None:
+        """The chunk's summary from the local disk cache (None when it does not have it): a fraction of the
+        chunk's bytes, and nothing to compute."""
+        try:
+            with open(self._path(c, SUMMARY_PART), "rb") as fh:
+                return Summary.decode(fh.read())
+        except (FileNotFoundError, pa.ArrowInvalid):
+            return None
+
     def put(self, c: Chunk, ev: Events, blob: bytes) -> Indexed:
         """Keep the chunk, and its stored bytes on disk for the next process serving the shard."""
         self.write(c, blob)
         return self._hold(c, ev)
 
-    def write(self, c: Chunk, blob: bytes) -> None:
+    def write(self, c: Chunk, blob: bytes, part: str = "") -> None:
         os.makedirs(self.dir, exist_ok=True)
-        tmp = self._path(c) + f".{uuid.uuid4().hex}.tmp"
+        tmp = self._path(c, part) + f".{uuid.uuid4().hex}.tmp"
         with open(tmp, "wb") as fh:
             fh.write(blob)
-        os.replace(tmp, self._path(c))
+        os.replace(tmp, self._path(c, part))
+
+    def write_summary(self, c: Chunk, summary: Summary) -> None:
+        """The chunk's summary on local disk (once), so that one dropped for the memory budget is read again
+        instead of being built again from all the chunk's events."""
+        if not os.path.exists(self._path(c, SUMMARY_PART)) and (blob := summary.encode()) is not None:
+            self.write(c, blob, SUMMARY_PART)
 
     def _hold(self, c: Chunk, ev: Events) -> Indexed:
         chunk = Indexed(ev)
+        self.write_summary(c, chunk.summary)
         if (old := self.loaded.get(c.id)) is not None:
             BUDGET.forget(old[1])
         self.loaded[c.id] = (c.tag, chunk)
@@ -467,7 +516,7 @@ class Cache:
                 BUDGET.forget(chunk)
                 del self.loaded[i]
         BUDGET.trim()
-        names = {os.path.basename(self._path(c)) for c in chunks}
+        names = {os.path.basename(self._path(c, part)) for c in chunks for part in ("", SUMMARY_PART)}
         for name in os.listdir(self.dir) if os.path.isdir(self.dir) else ():
             if name not in names and name.endswith(".arrow"):
                 with contextlib.suppress(FileNotFoundError):
@@ -521,11 +570,17 @@ class ShardEvents:
                 ev = decode(blob)
                 self.read_from_store += 1
             chunk.restore(ev)
+            self.cache.write_summary(c, chunk.summary)
             BUDGET.hold(chunk, resident=False)
         return chunk
 
     def _summary(self, c: Chunk) -> Summary:
+        """The chunk's summary: in memory, else from its local file, else built again with the chunk."""
         chunk = self.parts[c.id]
+        if chunk.summary is None:
+            chunk.summary = self.cache.read_summary(c)
+            if chunk.summary is not None:
+                BUDGET.hold(chunk, resident=False)
         return chunk.summary or self._chunk(c).summary
 
     def _detail(self, c: Chunk) -> Detail:
