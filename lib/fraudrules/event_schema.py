@@ -181,9 +181,9 @@ class EventSchema:
         type, and the engine would key their values differently (windows would silently start afresh)."""
         before = {p.lower(): f for p, f in older.fields.items()}  # Spark and Delta match names whatever their case
         return [
-            f"{p}: {before[p.lower()].describe} -> {f.describe}"
+            f"{p}: {was.describe} -> {f.describe}"
             for p, f in self.fields.items()
-            if p.lower() in before and (before[p.lower()].sql, before[p.lower()].values) != (f.sql, f.values)
+            if (was := before.get(p.lower())) is not None and (was.sql, was.values) != (f.sql, f.values)
         ]
 
 

@@ -23,11 +23,11 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from itertools import count
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,7 @@ STATE_MEMORY_MB = JobConfig.state_memory_mb  # chunk summaries and events a Pyth
 _STORED = pa.ipc.IpcWriteOptions(compression="lz4")  # state store bytes cost ~30 ms/MB to write
 _NARROW = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _BORN = count()  # the order in which this process came to hold chunks
+T = TypeVar("T")
 
 
 @dataclass
@@ -466,18 +467,17 @@ class Cache:
 
     def read(self, c: Chunk) -> Events | None:
         """The chunk's events from the local disk cache (None when it does not have them)."""
-        try:
-            with open(self._path(c), "rb") as fh:
-                return decode(fh.read())
-        except (FileNotFoundError, pa.ArrowInvalid):
-            return None
+        return self._load(c, "", decode)
 
     def read_summary(self, c: Chunk) -> Summary | None:
         """The chunk's summary from the local disk cache (None when it does not have it): a fraction of the
         chunk's bytes, and nothing to compute."""
+        return self._load(c, SUMMARY_PART, Summary.decode)
+
+    def _load(self, c: Chunk, part: str, parse: Callable[[bytes], T]) -> T | None:
         try:
-            with open(self._path(c, SUMMARY_PART), "rb") as fh:
-                return Summary.decode(fh.read())
+            with open(self._path(c, part), "rb") as fh:
+                return parse(fh.read())
         except (FileNotFoundError, pa.ArrowInvalid):
             return None
 
