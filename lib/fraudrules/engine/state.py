@@ -428,17 +428,18 @@ class Budget:
 
     def trim(self, keep: int = -1, displace: bool = True) -> None:
         """Drop parts of chunks until within the limit (`keep`: the chunk in use stays whole)."""
-        total = self.held_bytes()
+        sizes = {born: chunk.nbytes() for born, (chunk, _) in self.held.items()}  # each chunk's bytes, once
+        total = sum(sizes.values())
         order = sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0]))
         for part in ("detail", "summary"):
             for born, (chunk, resident) in order:
                 if total <= self.limit or (resident and not displace):
                     break
                 if born != keep and getattr(chunk, part) is not None:
-                    before = chunk.nbytes()
                     setattr(chunk, part, None)
-                    total -= before - chunk.nbytes()
-        self.held = {born: entry for born, entry in self.held.items() if entry[0].nbytes()}
+                    before, sizes[born] = sizes[born], chunk.nbytes()
+                    total -= before - sizes[born]
+        self.held = {born: entry for born, entry in self.held.items() if sizes[born]}
 
     def held_bytes(self) -> int:
         return sum(c.nbytes() for c, _ in self.held.values())
