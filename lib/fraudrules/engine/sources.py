@@ -43,7 +43,7 @@ def file_source(
     if not (is_remote(path) or is_glob(path) or os.path.isfile(path)):
         os.makedirs(path, exist_ok=True)
     lines.register(spark)
-    reader = spark.readStream.format(lines.NAME).option("path", path)
+    reader = spark.readStream.format(lines.NAME).schema(lines.SCHEMA).option("path", path)
     reader = reader.option("ledger", lines.ledger_of(checkpoint, ledger))
     if max_records:
         reader = reader.option("maxRecordsPerTrigger", str(max_records))
