@@ -228,8 +228,8 @@ LOGIN_REASONS = (  # what `parse_logins` checks, in order
 
 def _reason(checks: list[tuple[Column, str]]) -> Column:
     """The first failing check's reason, or null: one CASE with a branch per check. Nested CASEs (one per check)
-    mean the same, but the optimizer pushes a filter's `error IS NULL` into them one level per pass: about 20
-    passes over the whole plan at every micro-batch's planning, instead of 2."""
+    mean the same, but the optimizer pushes a filter's `error IS NULL` into them one level per pass: about 21
+    passes over the whole plan at every micro-batch's planning, instead of 5."""
     (cond, reason), *rest = checks
     error = F.when(cond, F.lit(reason))
     for cond, reason in rest:
