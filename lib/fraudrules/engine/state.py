@@ -428,7 +428,7 @@ class Budget:
 
     def trim(self, keep: int = -1, displace: bool = True) -> None:
         """Drop parts of chunks until within the limit (`keep`: the chunk in use stays whole)."""
-        sizes = {born: chunk.nbytes() for born, (chunk, _) in self.held.items()}  # each chunk's bytes, once
+        sizes = self._sizes()  # each chunk's bytes, measured once
         total = sum(sizes.values())
         order = sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0]))
         for part in ("detail", "summary"):
@@ -442,7 +442,10 @@ class Budget:
         self.held = {born: entry for born, entry in self.held.items() if sizes[born]}
 
     def held_bytes(self) -> int:
-        return sum(c.nbytes() for c, _ in self.held.values())
+        return sum(self._sizes().values())
+
+    def _sizes(self) -> dict[int, int]:
+        return {born: chunk.nbytes() for born, (chunk, _) in self.held.items()}
 
 
 BUDGET = Budget(STATE_MEMORY_MB << 20)
