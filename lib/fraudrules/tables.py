@@ -474,9 +474,14 @@ def to_json_line(record: dict) -> str:
     return json_text({k: conv(v) for k, v in record.items()})
 
 
+def number_text(v: Decimal) -> str:
+    """A Decimal as an exact JSON number: no exponent, no trailing zeros."""
+    return format(v.normalize(), "f") if v != 0 else "0"
+
+
 def exact_number(v: Decimal) -> str:
     """A Decimal's stand-in in a record for `json_text`, which writes it as an exact JSON number."""
-    return _NUM + (format(v.normalize(), "f") if v != 0 else "0")
+    return _NUM + number_text(v)
 
 
 _NUMBER = re.compile(r'"\\u0000num:([^"]*)"')
