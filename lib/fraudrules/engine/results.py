@@ -54,7 +54,8 @@ def alert_rows(out: pd.DataFrame, batch_id: int, published_ms: int, kind: str = 
     a = out[out["kind"] == kind].reset_index(drop=True)
     if a.empty:
         return pd.DataFrame(columns=OUTBOX["alerts"].names)
-    fields = pd.DataFrame([_rule_fields(r) for r in a["rule"]])
+    codes, rules = pd.factorize(a["rule"])  # each rule version's JSON parsed once, not once per alert
+    fields = pd.DataFrame([_rule_fields(r) for r in rules]).take(codes).reset_index(drop=True)
     login = a["transactionId"].isna()
     rule, text = (
         a["ruleId"].astype("string"),
