@@ -156,7 +156,7 @@ def alert_lines(rows: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(*parts, "").combine_chunks()
 
 
-def _json_values(column: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
+def _json_values(column: pa.ChunkedArray, name: str) -> pa.Array | pa.ChunkedArray:
     if pa.types.is_integer(column.type):
         return pc.fill_null(pc.cast(column, pa.string()), "null")
     if name in JSON_TEXT_FIELDS:
