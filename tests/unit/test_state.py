@@ -30,7 +30,22 @@ def _events(rng, n, rule_ids, t_range, seq0, values):
     )
 
 
-def _scan(old: Events, new: Events, windows: dict[int, int]) -> list[tuple]:
+WINDOWS = {1: 1 * MIN, 2: 10 * MIN, 3: 24 * 60 * MIN}
+AGGREGATORS = {1: "MIN", 2: "SUM", 3: "MAX"}
+RULES = {rid: rule(rid, agg=AGGREGATORS[rid], window=w // MIN) for rid, w in WINDOWS.items()}
+KEEP_ALL = Bounds.of({r: (0, w) for r, w in WINDOWS.items()}, 0)
+
+
+def _ruled(rng, n, rule_ids, t_range, seq0, huge) -> Events:
+    """Events of the three RULES whose group belongs to one rule (its hash says so in the engine); `huge`: values
+    whose sums pass int64."""
+    values = np.array([2**61, 2**61 - 1, -(2**60)]) if huge else np.arange(-50, 500)
+    ev = _events(rng, n, rule_ids, t_range, seq0, values)
+    ev.g = ev.g + ev.rule
+    return ev
+
+
+def _scan(old: Events, new: Events, windows: dict[int, int] = WINDOWS) -> list[tuple]:
     """Per new event: count, sum, min, max of the retained events of its group in [t − window, t]."""
     out = []
     for i in range(len(new)):
@@ -54,32 +69,67 @@ def test_base_over_chunks_equals_a_scan_of_every_retained_event(tmp_path, monkey
     store."""
     monkeypatch.setattr(state.BUDGET, "limit", memory)
     rng = np.random.default_rng(7)
-    windows = {1: 1 * MIN, 2: 10 * MIN, 3: 24 * 60 * MIN}
-    aggregators = {1: "MIN", 2: "SUM", 3: "MAX"}
-    rules = {rid: rule(rid, agg=aggregators[rid], window=w // MIN) for rid, w in windows.items()}
-    values = np.array([2**61, 2**61 - 1, -(2**60)]) if huge else np.arange(-50, 500)
     store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
     old = []
     for b in range(6):  # six chunks, each a few minutes of event time, overlapping a little
-        ev = _events(rng, 300, [1, 2, 3], (b * 4 * MIN, (b + 1) * 4 * MIN + MIN), b * 300, values)
-        ev.g = ev.g + ev.rule  # a group belongs to one rule (its hash says so in the engine)
-        old.append(ev)
-        store.append(ev, Bounds.of({r: (0, w) for r, w in windows.items()}, 0))
+        old.append(_ruled(rng, 300, [1, 2, 3], (b * 4 * MIN, (b + 1) * 4 * MIN + MIN), b * 300, huge))
+        store.append(old[-1], KEEP_ALL)
     assert len(store.meta.chunks) > 1
     held = [store.parts[c.id].nbytes() > 0 for c in store.meta.chunks]
     assert sum(held) == (len(held) if memory else 1)  # a budget of 0 keeps only the chunk written last
     if not files:
         shutil.rmtree(store.cache.dir)
-    new = _events(rng, 400, [1, 2, 3], (0, 30 * MIN), 10_000, values)
-    new.g = new.g + new.rule
-    got = store.base(new, rules)
+    new = _ruled(rng, 400, [1, 2, 3], (0, 30 * MIN), 10_000, huge)
+    got = store.base(new, RULES)
     assert (store.read_from_store > 0) == (not files)
-    want = _scan(Events.concat(old), new, windows)
+    _check(got, _scan(Events.concat(old), new), new)
+
+
+def _check(got, want: list[tuple], new: Events) -> None:
     for i, (count, total, low, high) in enumerate(want):
-        aggregator = aggregators[int(new.rule[i])]
+        aggregator = AGGREGATORS[int(new.rule[i])]
         assert (got.count[i], got.total[i]) == (count, total), i
         assert got.low[i] == (low if aggregator == "MIN" else I64_MAX), i  # MIN/MAX only where a rule asks
         assert got.high[i] == (high if aggregator == "MAX" else I64_MIN), i
+
+
+@pytest.mark.parametrize(("huge", "reset"), [(False, False), (True, False), (False, True)])
+def test_a_fold_of_chunks_answers_as_the_chunks_do_whatever_the_windows_cut(tmp_path, monkeypatch, huge, reset):
+    """A batch whose day-long windows hold six chunks whole folds them; a seventh chunk comes; the next batch's
+    windows, of a minute, ten minutes and a day, hold the fold's groups whole, cut them or miss them, and a reset
+    hides the folded chunks' events of one group: every new event gets what a scan of the retained events it can
+    see gives."""
+    monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
+    rng = np.random.default_rng(17)
+    store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
+    old = []
+    for b in range(7):
+        old.append(_ruled(rng, 300, [1, 2, 3], (b * 4 * MIN, (b + 1) * 4 * MIN + MIN), b * 300, huge))
+        store.append(old[-1], KEEP_ALL)
+        if b == 5:
+            day = _ruled(rng, 200, [3], (40 * MIN, 41 * MIN), 20_000, huge)
+            _check(store.base(day, RULES), _scan(Events.concat(old), day), day)
+            assert store.cache.fold is not None and len(store.cache.fold.chunks) == 6
+        if reset and b == 5:  # group 3 of rule 3 emptied: the folded chunks' events of it are hidden
+            every = Events.concat(old)
+            store.add_resets(every.take(np.flatnonzero(every.g == 3 * 1_000_003 + 3)[-1:]))
+            old = [o.take(np.flatnonzero(~store.resets.hidden(o))) for o in old]
+    new = _ruled(rng, 400, [1, 2, 3], (0, 30 * MIN), 10_000, huge)
+    _check(store.base(new, RULES), _scan(Events.concat(old), new), new)
+
+
+def test_chunks_that_windows_cut_are_not_folded(tmp_path, monkeypatch):
+    """Ten-minute windows over chunks of four minutes each cut the older ones: nothing to fold."""
+    monkeypatch.setattr(state, "MAX_MERGED", 100)
+    rng = np.random.default_rng(19)
+    store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
+    for b in range(6):
+        ev = _events(rng, 300, [2], (b * 4 * MIN, (b + 1) * 4 * MIN), b * 300, np.arange(9))
+        store.append(ev, Bounds.of({2: (0, 10 * MIN)}, (b + 1) * 4 * MIN))  # chunks out of every window go
+    assert len(store.meta.chunks) == 3
+    new = _events(rng, 100, [2], (24 * MIN, 25 * MIN), 10_000, np.arange(9))
+    store.base(new, {2: rule(2, window=10)})
+    assert store.cache.fold is None
 
 
 def test_a_chunk_counts_the_group_sizes_its_summary_shares_with_its_detail_once():

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fraudrules.engine import state
 from fraudrules.engine.windowing import render
 from fraudrules.rules.model import AGGREGATORS, OPERATORS
 from tests.support import reference
@@ -221,6 +222,25 @@ def test_matches_reference_in_small_batches_without_caches(workload, shards, lat
     per_batch = [rules] * len(singles)
     ref_alerts, ref_late = reference.run(singles, per_batch, lateness_ms=lateness_minutes * MIN)
     got_alerts, got_late = Engine(lateness_minutes * MIN, shards, cached=False).run(singles, per_batch)
+    _assert_same(got_alerts, ref_alerts)
+    assert got_late == ref_late
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(0, 2 * MIN), st.randoms(use_true_random=False))
+def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
+    """Every chunk counts as settled and is folded as soon as a micro-batch's windows hold it whole (no time to
+    spare): later batches ask the fold, ask its chunks where their windows cut it, drop it and fold again."""
+    batches, rules = workload
+    for b in batches:
+        rnd.shuffle(b)
+    per_batch = [rules] * len(batches)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(state, "MAX_MERGED", 1)
+        patch.setattr(state, "FOLD_MIN", 1)
+        patch.setattr(state, "_fold_margin", lambda needles: 0)
+        got_alerts, got_late = Engine(lateness, 2).run(batches, per_batch)
+    ref_alerts, ref_late = reference.run(batches, per_batch, lateness_ms=lateness)
     _assert_same(got_alerts, ref_alerts)
     assert got_late == ref_late
 

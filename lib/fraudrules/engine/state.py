@@ -12,7 +12,8 @@ events within a memory budget (`Budget`, `STATE_MEMORY_MB`), and its stored byte
 directory (shared by all Python workers of the machine) with its summary beside them, all keyed by the chunk's
 id and tag, so a batch reads from the state store only what no cache holds, and a summary dropped from memory is
 read again without the chunk's events. A tag names the write that made a chunk; a catalog
-never refers to a chunk by id alone, so a cache can be stale but never wrong.
+never refers to a chunk by id alone, so a cache can be stale but never wrong. Chunks that long windows hold whole
+are folded into one summary (`Fold`), so that a batch's lookups follow the chunks written since, not the window.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from fraudrules.rules.model import COUNT_FIELDS, Rule
 MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (each event is rewritten log4 n times)
 SIMILAR = 2  # sizes within this factor of the smallest are similar
 MAX_MERGED = 500_000  # events: bounds the merge work in one micro-batch; bigger chunks are only dropped or rewritten
+FOLD_MIN = 3  # chunks to fold at once (`Fold`): each folding sorts the fold's groups again
+FOLD_AHEAD = 4  # a chunk is folded when windows hold it whole for this many more micro-batches (`_fold_margin`)
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
 SUMMARY_PART = ".summary"  # a chunk's summary file in the local disk cache, beside its events' file
 STATE_MEMORY_MB = JobConfig.state_memory_mb  # chunk summaries and events a Python worker keeps in memory (`Budget`)
@@ -316,6 +319,89 @@ class Summary:
 SUMMARY_FIELDS = ("g", "h2", "size", "t_first", "t_last", "sums", "low", "high")
 
 
+@dataclass(eq=False)
+class Fold:
+    """Summaries of some of a shard's chunks folded into one, kept by the process across micro-batches (not in
+    the state store: it is built again from the chunks). Long windows hold most chunks' groups whole in every
+    window: a new event then gets all of them from one lookup of the fold, and the chunks it asks one by one are
+    those written since, not all the window holds. Chunks join it once every window of a micro-batch holds them
+    whole with time to spare; it is dropped when a chunk of it is gone or windows start to cut its chunks."""
+
+    chunks: frozenset[tuple[int, str]]  # (id, tag) of the folded chunks
+    first_id: int  # the lowest of their ids: a reset with a higher horizon hides events in some of them
+    summary: Summary
+
+
+@dataclass(eq=False)
+class _Needles:
+    """New events as `ShardEvents.base` asks chunks about them, in (group, time) order; `at`: their positions in
+    its result."""
+
+    at: np.ndarray | None  # None: the needles are the result's rows, in order
+    g: np.ndarray
+    h2: np.ndarray
+    t_from: np.ndarray
+    t_to: np.ndarray
+    plain: np.ndarray  # a combinable aggregate (not a distinct count)
+    horizon: np.ndarray  # a reset's horizon for the group, -1 if none
+    extremes: dict[str, np.ndarray]  # "MIN"/"MAX" -> the rule wants it
+
+    @staticmethod
+    def of(new: Events, rules: dict[int, Rule], resets: Resets) -> _Needles:
+        reset = resets.index(new.g, new.h2) if len(resets) else np.full(len(new), -1)
+        extremes = {
+            name: per_rule(rules, new.rule, lambda r, n=name: r.aggregator == n and r.field not in COUNT_FIELDS, bool)
+            for name in ("MIN", "MAX")
+        }
+        return _Needles(
+            at=None,
+            g=new.g,
+            h2=new.h2,
+            t_from=new.t - per_rule(rules, new.rule, lambda r: r.window_ms, np.int64),
+            t_to=new.t,
+            plain=per_rule(rules, new.rule, lambda r: not r.unique, bool),
+            horizon=np.where(reset >= 0, resets.horizon[reset], -1) if len(resets) else reset,
+            extremes=extremes,
+        )
+
+    def take(self, sel: np.ndarray) -> _Needles:
+        fields = {name: getattr(self, name)[sel] for name in ("g", "h2", "t_from", "t_to", "plain", "horizon")}
+        extremes = {name: wanted[sel] for name, wanted in self.extremes.items()}
+        return _Needles(at=self.rows(sel), **fields, extremes=extremes)
+
+    def __len__(self) -> int:
+        return len(self.g)
+
+    def rows(self, sel: np.ndarray) -> np.ndarray:
+        """The result's rows of the needles `sel`."""
+        return sel if self.at is None else self.at[sel]
+
+    @cached_property
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each needle's run of equal groups (needles in time order), where each run starts and where it ends."""
+        run = group_starts(self.g, self.h2)
+        heads = np.flatnonzero(run)
+        return np.cumsum(run) - 1, heads, np.r_[heads[1:], len(run)] - 1
+
+    def run_groups(self, summary: Summary) -> np.ndarray:
+        """Each run's group number in the summary (-1: none, or a distinct count: not combinable)."""
+        _, heads, _ = self.runs
+        return np.where(self.plain[heads], summary.groups_of(self.g[heads], self.h2[heads]), -1)
+
+    def stay_whole(self, summary: Summary, runs: np.ndarray, chunk_id: int, margin: int) -> bool:
+        """Whether every window holds the summary's groups (`runs`: `run_groups`) whole with `margin` ms to spare
+        or misses them, before it, and no reset hides them: one test per run (its first needle's window starts
+        first and ends first, its last one's starts last)."""
+        _, heads, lasts = self.runs
+        present = runs >= 0
+        if (present & (self.horizon[heads] > chunk_id)).any():
+            return False
+        at = np.flatnonzero(present)
+        first, last = summary.t_first[runs[at]], summary.t_last[runs[at]]
+        spare = (first >= self.t_from[lasts[at]] + margin) & (last <= self.t_to[heads[at]])
+        return bool((spare | (last < self.t_from[heads[at]])).all())
+
+
 class Detail:
     """A chunk's events and what queries that cut a group need: a (group, time) search key, prefix sums and
     min/max segment trees, each built when first asked."""
@@ -458,6 +544,7 @@ class Cache:
     def __init__(self, namespace: str, shard: int, root: str | None = None):
         self.dir = os.path.join(root or cache_root(), namespace, str(shard))
         self.loaded: dict[int, tuple[str, Indexed]] = {}
+        self.fold: Fold | None = None
 
     def _path(self, c: Chunk, part: str = "") -> str:
         return os.path.join(self.dir, f"{c.id}-{c.tag}{part}.arrow")
@@ -515,6 +602,8 @@ class Cache:
     def retain(self, chunks: Iterable[Chunk]) -> None:
         """Forget chunks that are no longer part of the shard."""
         live = {(c.id, c.tag) for c in chunks}
+        if self.fold is not None and not self.fold.chunks <= live:
+            self.fold = None
         for i, (tag, chunk) in list(self.loaded.items()):
             if (i, tag) not in live:
                 BUDGET.forget(chunk)
@@ -599,52 +688,68 @@ class ShardEvents:
 
     def base(self, new: Events, rules: dict[int, Rule]) -> Base:
         """What the retained events contribute to each new event's window: range queries per chunk, cost
-        O(new events × chunks × log n) whatever the windows hold. Distinct counts are not combinable:
-        their new events get nothing here (see `gather`). The queries run in (group, time) order: sorted
-        needles make the binary searches cache-friendly."""
+        O(new events × chunks × log n) whatever the windows hold, or one query of the shard's `Fold` for its
+        chunks. Distinct counts are not combinable: their new events get nothing here (see `gather`). The queries
+        run in (group, time) order: sorted needles make the binary searches cache-friendly."""
         order = np.lexsort((new.t, new.g))
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
-        return base_at(self._base(new.take(order), rules), back)
+        return base_at(self._base(_Needles.of(new.take(order), rules, self.resets)), back)
 
-    def _base(self, new: Events, rules: dict[int, Rule]) -> Base:
-        out = Base.zeros(len(new))
-        window = per_rule(rules, new.rule, lambda r: r.window_ms, np.int64)
-        plain = per_rule(rules, new.rule, lambda r: not r.unique, bool)
-        reset = self.resets.index(new.g, new.h2) if len(self.resets) else np.full(len(new), -1)
-        horizon = np.where(reset >= 0, self.resets.horizon[reset], -1) if len(self.resets) else reset
-        extremes = {
-            name: per_rule(rules, new.rule, lambda r, n=name: r.aggregator == n and r.field not in COUNT_FIELDS, bool)
-            for name in ("MIN", "MAX")
-        }
-        t_from, t_to = new.t - window, new.t
-        # a batch has several events per group: look each group up once per chunk
-        run = group_starts(new.g, new.h2)
-        run_of, heads = np.cumsum(run) - 1, np.flatnonzero(run)
-        for c in self.meta.chunks:
-            chunk = self._summary(c)
-            q = np.where(plain & (horizon <= c.id), chunk.groups_of(new.g[heads], new.h2[heads])[run_of], -1)
-            at = np.maximum(q, 0)
-            first, last = chunk.t_first[at], chunk.t_last[at]
-            inside = (first >= t_from) & (last <= t_to)  # the window holds the group's events in the chunk
-            whole = np.flatnonzero((q >= 0) & inside)
-            cut = np.flatnonzero((q >= 0) & ~inside & (last >= t_from) & (first <= t_to))
-            if len(whole):
-                _add_to(out, whole, chunk.size[q[whole]], chunk.sums[q[whole]])
-                for name, wanted in extremes.items():
-                    sel = whole[wanted[whole]]
-                    if len(sel):
-                        per_group = chunk.low if name == "MIN" else chunk.high
-                        _extreme_into(out, name, sel, per_group[q[sel]])
-            if len(cut):
-                detail = self._detail(c)
-                lo, hi = detail.ranges(q[cut], t_from[cut], t_to[cut])
-                _add_to(out, cut, hi - lo, detail.cum[hi] - detail.cum[lo])
-                for name, wanted in extremes.items():
-                    sel = np.flatnonzero(wanted[cut] & (hi > lo))
-                    if len(sel):
-                        _extreme_into(out, name, cut[sel], detail.extreme(name, lo[sel], hi[sel]))
+    def _base(self, needles: _Needles) -> Base:
+        out = Base.zeros(len(needles))
+        fold = self._fold()
+        in_fold = fold.chunks if fold is not None else frozenset()
+        folded = [c for c in self.meta.chunks if (c.id, c.tag) in in_fold]
+        if fold is not None:
+            rest = needles.take(_ask_fold(out, needles, fold))
+            for c in folded:  # needles the fold cannot answer ask its chunks one by one
+                self._ask(out, rest, c, margin=-1)
+            if len(rest) > len(needles) - len(rest):  # windows now cut its chunks: fold again later
+                fold = self.cache.fold = None
+        margin = _fold_margin(needles)
+        loose = [c for c in self.meta.chunks if (c.id, c.tag) not in in_fold]
+        settled = [c for c in loose if self._ask(out, needles, c, margin if _settled(c) else -1)]
+        if len(settled) >= FOLD_MIN:
+            self.cache.fold = self._folded(fold, settled)
         return out
+
+    def _fold(self) -> Fold | None:
+        """The process's fold of this shard's chunks, if all its chunks are still the shard's."""
+        fold = self.cache.fold
+        if fold is not None and not fold.chunks <= {(c.id, c.tag) for c in self.meta.chunks}:
+            fold = self.cache.fold = None
+        return fold
+
+    def _folded(self, fold: Fold | None, chunks: list[Chunk]) -> Fold:
+        """`fold` (if any) with `chunks` folded in."""
+        parts = ([fold.summary] if fold else []) + [self._summary(c) for c in chunks]
+        keys = (fold.chunks if fold else frozenset()) | {(c.id, c.tag) for c in chunks}
+        first = min([c.id for c in chunks] + ([fold.first_id] if fold else []))
+        return Fold(keys, first, fold_summaries(parts))
+
+    def _ask(self, out: Base, needles: _Needles, c: Chunk, margin: int) -> bool:
+        """Add what chunk `c` holds of each needle's window to `out`. True when the chunk is worth folding: every
+        needle's window holds its group's events in the chunk whole with `margin` ms to spare (or misses them
+        all, before it), and no reset hides them; a negative `margin`: not asked."""
+        chunk = self._summary(c)
+        runs = needles.run_groups(chunk)
+        q = np.where(needles.horizon <= c.id, runs[needles.runs[0]], -1)
+        at = np.maximum(q, 0)
+        first, last = chunk.t_first[at], chunk.t_last[at]
+        inside = (first >= needles.t_from) & (last <= needles.t_to)  # the window holds the group's events
+        whole = np.flatnonzero((q >= 0) & inside)
+        cut = np.flatnonzero((q >= 0) & ~inside & (last >= needles.t_from) & (first <= needles.t_to))
+        _add_groups(out, needles, whole, chunk, q)
+        if len(cut):
+            detail = self._detail(c)
+            lo, hi = detail.ranges(q[cut], needles.t_from[cut], needles.t_to[cut])
+            _add_to(out, needles.rows(cut), hi - lo, detail.cum[hi] - detail.cum[lo])
+            for name, wanted in needles.extremes.items():
+                sel = np.flatnonzero(wanted[cut] & (hi > lo))
+                if len(sel):
+                    _extreme_into(out, name, needles.rows(cut[sel]), detail.extreme(name, lo[sel], hi[sel]))
+        return margin >= 0 and not len(cut) and needles.stay_whole(chunk, runs, c.id, margin)
 
     def gather(self, g: np.ndarray) -> Events:
         """Every retained event of the groups whose hash `g` is among the given ones."""
@@ -741,6 +846,75 @@ def _add_to(out: Base, at: np.ndarray, count: np.ndarray, total: np.ndarray) -> 
 def _extreme_into(out: Base, name: str, at: np.ndarray, values: np.ndarray) -> None:
     target, op = (out.low, np.minimum) if name == "MIN" else (out.high, np.maximum)
     target[at] = op(target[at], values)
+
+
+def _add_groups(out: Base, needles: _Needles, sel: np.ndarray, summary: Summary, q: np.ndarray) -> None:
+    """Add whole groups of a summary (`q`: each needle's group) to the needles `sel`."""
+    if len(sel) == 0:
+        return
+    _add_to(out, needles.rows(sel), summary.size[q[sel]], summary.sums[q[sel]])
+    for name, wanted in needles.extremes.items():
+        pick = sel[wanted[sel]]
+        if len(pick):
+            per_group = summary.low if name == "MIN" else summary.high
+            _extreme_into(out, name, needles.rows(pick), per_group[q[pick]])
+
+
+def _ask_fold(out: Base, needles: _Needles, fold: Fold) -> np.ndarray:
+    """Add the fold's groups to the needles whose windows hold them whole (no reset hiding any of its chunks);
+    return the needles whose windows cut them, which must ask the folded chunks one by one."""
+    q = needles.run_groups(fold.summary)[needles.runs[0]]
+    at = np.maximum(q, 0)
+    first, last = fold.summary.t_first[at], fold.summary.t_last[at]
+    inside = (first >= needles.t_from) & (last <= needles.t_to)
+    missed = (last < needles.t_from) | (first > needles.t_to)  # in none of the folded chunks either
+    whole = (q >= 0) & inside & (needles.horizon <= fold.first_id)
+    _add_groups(out, needles, np.flatnonzero(whole), fold.summary, q)
+    return np.flatnonzero((q >= 0) & ~whole & ~missed)
+
+
+def _fold_margin(needles: _Needles) -> int:
+    """Event time a chunk must stay whole in the windows for to be folded: FOLD_AHEAD micro-batches like this
+    one, and at least a FOLD_AHEAD-th of the shortest window, so that a fold serves many micro-batches before a
+    window's start reaches its chunks (then it is dropped and its chunks folded again)."""
+    if len(needles) == 0:
+        return 0
+    span = int(needles.t_to.max() - needles.t_to.min())
+    return max(FOLD_AHEAD * span, int((needles.t_to - needles.t_from).min()) // FOLD_AHEAD)
+
+
+def _settled(c: Chunk) -> bool:
+    """Too big to be merged again (`_similar_tail`: MERGE_FANIN chunks within SIMILAR of the smallest, at most
+    MAX_MERGED in all): a merge would give the fold a chunk that is gone."""
+    return c.n * (SIMILAR + MERGE_FANIN - 1) > MAX_MERGED * SIMILAR
+
+
+def fold_summaries(parts: list[Summary]) -> Summary:
+    """Summaries of chunks as one, per group over them all: sizes and sums added, the least minimum, first time,
+    the greatest maximum and last time."""
+    g, h2 = np.concatenate([p.g for p in parts]), np.concatenate([p.h2 for p in parts])
+    order = np.lexsort((h2, g))
+    starts = np.flatnonzero(group_starts(g[order], h2[order]))
+    sums = np.concatenate([p.sums for p in parts])
+    if sums.dtype != object and not _sums_fit(sums):
+        sums = sums.astype(object)
+
+    def per_group(values: np.ndarray, op: np.ufunc) -> np.ndarray:
+        return op.reduceat(values[order], starts) if len(starts) else values[:0]
+
+    def column(name: str, op: np.ufunc) -> np.ndarray:
+        return per_group(np.concatenate([getattr(p, name) for p in parts]), op)
+
+    return Summary(
+        g=g[order][starts],
+        h2=h2[order][starts],
+        size=column("size", np.add),
+        t_first=column("t_first", np.minimum),
+        t_last=column("t_last", np.maximum),
+        sums=per_group(sums, np.add),
+        low=column("low", np.minimum),
+        high=column("high", np.maximum),
+    )
 
 
 def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
