@@ -58,7 +58,7 @@ class JobConfig:
     available_now: bool = False
     # At most this many records (lines of files, Kafka records) per micro-batch of each source, whatever the sizes
     # of the files: a backlog or a big file is absorbed in bounded micro-batches, in bounded memory.
-    max_records_per_trigger: int = 50_000
+    max_records_per_trigger: int = 75_000
     # Retained state a Python worker keeps in memory (MiB, all its shards): chunks' per-key summaries and decoded
     # events. Beyond it, a chunk is read again from the worker's local disk cache when a micro-batch needs it.
     state_memory_mb: int = 128
