@@ -198,7 +198,7 @@ def step(
 
 def _alerts(tx: Transactions, keyed: Keyed, fired, rules: dict[int, Rule]) -> pd.DataFrame:
     parts = []
-    aggregates = np.array([str(a) for a in fired.aggregates()], dtype=object)
+    aggregates = np.array(fired.aggregate_texts(), dtype=object)
     fired_rules = keyed.events.rule[fired.index]
     for rid in np.unique(fired_rules):
         rule = rules[int(rid)]

@@ -137,13 +137,13 @@ def window_messages(rule: Rule, keys: list[str], aggregates: list[str]) -> list[
     head = f"{aggregate_text(rule)} over {rule.window_minutes} min for "
     tail = f", limit {SYMBOLS[rule.operator]} {number(rule.limit, limit_places(rule))}"
     places = aggregate_places(rule)
-    out = []
-    for key_json, aggregate in zip(keys, aggregates, strict=True):
+    labels = {key_json: key_label(key_json) for key_json in set(keys)}  # hot keys fire again and again
+    values = {}
+    for aggregate in set(aggregates):
         value = Decimal(aggregate)
         shown = number(value, places)
-        rounded = " (rounded)" if value != Decimal(shown.replace(",", "")) else ""
-        out.append(f"{head}{key_label(key_json)} = {shown}{rounded}{tail}")
-    return out
+        values[aggregate] = f"{shown} (rounded)" if value != Decimal(shown.replace(",", "")) else shown
+    return [f"{head}{labels[k]} = {values[a]}{tail}" for k, a in zip(keys, aggregates, strict=True)]
 
 
 def rule_text(rule: Rule) -> str:

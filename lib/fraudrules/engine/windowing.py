@@ -75,8 +75,17 @@ class Fired:
     num: np.ndarray  # object (python int) numerator
     den: np.ndarray  # object (python int) denominator, > 0
 
-    def aggregates(self) -> list[Decimal]:
-        return [render(n, d) for n, d in zip(self.num, self.den, strict=True)]
+    def aggregate_texts(self) -> list[str]:
+        """Each alert's aggregate as exact decimal text (`render`), rendered once per distinct value: counts
+        and hot keys repeat."""
+        texts: dict[tuple[int, int], str] = {}
+        out = []
+        for n, d in zip(self.num, self.den, strict=True):
+            text = texts.get((n, d))
+            if text is None:
+                text = texts[(n, d)] = str(render(n, d))
+            out.append(text)
+        return out
 
 
 @dataclass
