@@ -28,7 +28,7 @@ from decimal import Decimal
 import numpy as np
 import pandas as pd
 
-from fraudrules.engine.windowing import NULL_UNIQ
+from fraudrules.engine.windowing import NULL_UNIQ, once_each
 from fraudrules.event_schema import DEFAULT, INGESTED, EventSchema, Field, mask_bit, mask_column
 from fraudrules.rules.model import COUNT_FIELDS, NULL_OPS, AnyOf, Condition, Not, Rule, Term
 
@@ -275,19 +275,13 @@ def shard_of(g: np.ndarray, shards: int) -> np.ndarray:
 def key_texts(tx: Transactions, rule: Rule, rows: np.ndarray) -> list[str]:
     """The key of each given row as a JSON object of field name → value text (the alerts table's `key`)."""
     names = [json.dumps(n) for n in rule.grouping_key_names]
-    columns = [_json_texts(tx.texts(n, rows)) for n in rule.grouping_key_names]
+    columns = [once_each(tx.texts(n, rows), json.dumps) for n in rule.grouping_key_names]
     if not columns:
         return ["{}"] * len(rows)
     return [
         "{" + ",".join(f"{n}:{v}" for n, v in zip(names, values, strict=True)) + "}"
         for values in zip(*columns, strict=True)
     ]
-
-
-def _json_texts(texts: list[str]) -> list[str]:
-    """Each text as a JSON string, encoded once per distinct text."""
-    encoded = {t: json.dumps(t) for t in set(texts)}
-    return [encoded[t] for t in texts]
 
 
 def fan_out(tx: Transactions, rules: list[tuple[Rule, int]], shards: int) -> pd.DataFrame:

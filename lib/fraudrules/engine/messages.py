@@ -9,6 +9,7 @@ import json
 from datetime import datetime, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
+from fraudrules.engine.windowing import once_each
 from fraudrules.rules.model import COUNT_FIELDS, LOGIN_RULE, NULL_OPS, RESET_FIELD, AnyOf, Condition, Not, Rule, Term
 
 SYMBOLS = {"EQUAL": "=", "NOT_EQUAL": "!=", "GREATER": ">", "GREATER_EQUAL": ">=", "LESS": "<", "LESS_EQUAL": "<="}
@@ -137,13 +138,14 @@ def window_messages(rule: Rule, keys: list[str], aggregates: list[str]) -> list[
     head = f"{aggregate_text(rule)} over {rule.window_minutes} min for "
     tail = f", limit {SYMBOLS[rule.operator]} {number(rule.limit, limit_places(rule))}"
     places = aggregate_places(rule)
-    labels = {key_json: key_label(key_json) for key_json in set(keys)}  # hot keys fire again and again
-    values = {}
-    for aggregate in set(aggregates):
+
+    def shown(aggregate: str) -> str:
         value = Decimal(aggregate)
-        shown = number(value, places)
-        values[aggregate] = f"{shown} (rounded)" if value != Decimal(shown.replace(",", "")) else shown
-    return [f"{head}{labels[k]} = {values[a]}{tail}" for k, a in zip(keys, aggregates, strict=True)]
+        text = number(value, places)
+        return f"{text} (rounded)" if value != Decimal(text.replace(",", "")) else text
+
+    labels, values = once_each(keys, key_label), once_each(aggregates, shown)
+    return [f"{head}{label} = {value}{tail}" for label, value in zip(labels, values, strict=True)]
 
 
 def rule_text(rule: Rule) -> str:

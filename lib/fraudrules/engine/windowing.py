@@ -13,13 +13,17 @@ integers scaled by the rule's decimal scale, so all arithmetic is exact. Nothing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
+from typing import TypeVar
 
 import numpy as np
 
 from fraudrules.rules.model import COUNT_FIELDS, RESET_FIELD, Rule
+
+V = TypeVar("V")
+R = TypeVar("R")
 
 NULL_UNIQ = np.iinfo(np.int64).min  # `uniq` of an event whose distinct field is null (set by keying)
 
@@ -76,16 +80,8 @@ class Fired:
     den: np.ndarray  # object (python int) denominator, > 0
 
     def aggregate_texts(self) -> list[str]:
-        """Each alert's aggregate as exact decimal text (`render`), rendered once per distinct value: counts
-        and hot keys repeat."""
-        texts: dict[tuple[int, int], str] = {}
-        out = []
-        for n, d in zip(self.num, self.den, strict=True):
-            text = texts.get((n, d))
-            if text is None:
-                text = texts[(n, d)] = str(render(n, d))
-            out.append(text)
-        return out
+        """Each alert's aggregate as exact decimal text (`render`)."""
+        return once_each(zip(self.num, self.den, strict=True), lambda nd: str(render(*nd)))
 
 
 @dataclass
@@ -134,6 +130,13 @@ def _terminates(den: int) -> bool:
         while den % p == 0:
             den //= p
     return den == 1
+
+
+def once_each(values: Iterable[V], fn: Callable[[V], R]) -> list[R]:
+    """`fn` of each value, computed once per distinct value: alerts repeat their counts and keys."""
+    values = list(values)
+    done = {v: fn(v) for v in set(values)}
+    return [done[v] for v in values]
 
 
 def per_rule(rules: dict[int, Rule], ids: np.ndarray, value: Callable[[Rule], object], dtype: type) -> np.ndarray:
