@@ -146,6 +146,18 @@ def test_a_big_batch_of_small_files_is_read_in_two_partitions_at_least(tmp_path,
     assert [len(b.segments) for b in bundles] == [4, 4]
 
 
+def test_a_big_batch_of_one_file_is_read_in_two_partitions(tmp_path, monkeypatch):
+    """A backtest of one big file: each micro-batch's range of it is read by both cores, not one."""
+    monkeypatch.setattr(lines, "MIN_SPLIT", 20)
+    big = write(tmp_path / "in", "big.json", b"".join(b'{"n":%d}\n' % i for i in range(30)), 1_000)
+    r = reader(tmp_path / "in", tmp_path / "ledger")  # partitions of 32 MiB
+    start = r.initialOffset()
+    bundles = r.partitions(start, r.latestOffset(start, ReadMaxRows(20)))
+    assert [len(b.segments) for b in bundles] == [1, 1]
+    batches = drain(reader(tmp_path / "in", tmp_path / "again"), ReadMaxRows(20))
+    assert batches[0] == literal([big])[:20] and batches[1] == literal([big])[20:]
+
+
 def test_a_file_landing_late_with_an_old_time_is_still_read(tmp_path, landing):
     r = reader(tmp_path / "in", tmp_path / "ledger")
     first = drain(r)

@@ -3,8 +3,8 @@
 Spark's own file source admits whole files: one 1 GB file is one micro-batch, parsed, keyed and evaluated at once
 (a 1,000,000-record file took 6.5 GiB). This source (a Python data source, `spark.readStream.format(NAME)`) admits
 at most `maxRecordsPerTrigger` lines or `maxBytesPerTrigger` bytes per micro-batch, ending a batch inside a file
-when the bound says so; a micro-batch's range is cut into partitions of about `partitionBytes` (big files split,
-small ones packed together), read in parallel.
+when the bound says so; a micro-batch's range is cut into partitions of half the micro-batch, at least MIN_SPLIT
+and at most `partitionBytes` (big files split, small ones packed together), read in parallel.
 
 Rows: `value` (the line's bytes), `srcTime` (the file's modification time, ms), `srcName` (the file's URI) and
 `srcPos` (the line's number in its file, from 0; blank lines keep their number and are dropped downstream).
@@ -333,21 +333,24 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[Bundle]:
         first, last = Position.of(start), Position.of(end)
-        segments: list[Segment] = []
+        ranges = []  # (entry, lo, hi, line) of each file in the micro-batch
         for index in range(first.file, min(last.file, self.ledger.end - 1) + 1):
             entry = self.ledger.entry(index)
             lo = first.byte if index == first.file else 0
             hi = last.byte if index == last.file else entry.size
-            line = first.line if index == first.file else 0
             if hi > lo:
-                segments.extend(self._split(entry, lo, hi, line))
-        return self._packed(segments)
+                ranges.append((entry, lo, hi, first.line if index == first.file else 0))
+        target = self._target(sum(hi - lo for _, lo, hi, _ in ranges))
+        return self._packed([seg for r in ranges for seg in self._split(*r, target)], target)
 
-    def _packed(self, segments: list[Segment]) -> list[Bundle]:
-        """Consecutive segments in bundles of at most `partition_bytes` (a bigger segment alone), and of half the
-        micro-batch when that is smaller but not below MIN_SPLIT: two cores read a big batch of small files."""
-        total = sum(seg.end - seg.start for seg in segments)
-        target = min(self.partition_bytes, max(MIN_SPLIT, -(-total // 2)))
+    def _target(self, total: int) -> int:
+        """Partition size of a micro-batch of `total` bytes: at most `partition_bytes`, and half the micro-batch
+        when that is smaller but not below MIN_SPLIT: two cores read a big batch, of one file or of many."""
+        return min(self.partition_bytes, max(MIN_SPLIT, -(-total // 2)))
+
+    @staticmethod
+    def _packed(segments: list[Segment], target: int) -> list[Bundle]:
+        """Consecutive segments in bundles of at most `target` bytes (a bigger segment alone)."""
         bundles: list[list[Segment]] = []
         size = 0
         for seg in segments:
@@ -358,13 +361,13 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             size += seg.end - seg.start
         return [Bundle(tuple(b)) for b in bundles]
 
-    def _split(self, entry: FileEntry, lo: int, hi: int, line: int) -> list[Segment]:
-        """[lo, hi) of a file as segments of about `partition_bytes`, each cut after a newline."""
+    def _split(self, entry: FileEntry, lo: int, hi: int, line: int, target: int) -> list[Segment]:
+        """[lo, hi) of a file as segments of about `target` bytes, each cut after a newline."""
         uri = uri_of(self.location, entry.path)
         out = []
         with self.fs.open_input_file(entry.path) as fh:
-            while hi - lo > self.partition_bytes:
-                probe = lo + self.partition_bytes
+            while hi - lo > target:
+                probe = lo + target
                 cut = fh.read_at(min(BLOCK, hi - probe), probe).find(b"\n")
                 if cut < 0 or probe + cut + 1 >= hi:
                     break
