@@ -7,9 +7,11 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
@@ -128,20 +130,34 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value, and
     `eventTime` as an ISO timestamp beside the exact `eventTimeMs`.
 
-    One rule's alerts at a time (a scan each), sorted there: the driver holds a rule's alerts, not all of them.
-    Lines are built column by column (`alert_lines`)."""
+    One rule's alerts at a time (a scan each), sorted there: the driver holds a rule's alerts and the next one's
+    (read while this one's lines are written: Arrow scans without holding the GIL), not all of them. Lines are
+    built column by column (`alert_lines`) and written as Arrow's buffer."""
     writer = tables.writer(spark, cfg)
     order = [(c, "ascending", "at_start") for c in ORDER]  # nulls first, as Spark sorts
+    rule_ids = sorted(_per_rule(writer, "alerts"))
     n = 0
-    with open(out, "w", encoding="utf-8") as fh:
-        for rule_id in sorted(_per_rule(writer, "alerts")):
-            rows = writer.arrow("alerts", ALERT_FIELDS, where=("ruleId", rule_id))
+    with open(out, "wb") as fh, ThreadPoolExecutor(1) as reader:
+        reads = [reader.submit(writer.arrow, "alerts", ALERT_FIELDS, where=("ruleId", r)) for r in rule_ids[:1]]
+        for i in range(len(rule_ids)):
+            rows = reads[i].result()
+            reads[i] = None  # only this rule's alerts and the next one's are held
+            if i + 1 < len(rule_ids):
+                reads.append(reader.submit(writer.arrow, "alerts", ALERT_FIELDS, where=("ruleId", rule_ids[i + 1])))
             ordered = pc.sort_indices(rows.select(list(ORDER)), sort_keys=order)
             for start in range(0, len(ordered), WRITE_ROWS):  # the lines of a slice at a time
-                lines = alert_lines(rows.take(ordered[start : start + WRITE_ROWS])).to_pylist()
-                fh.write("".join(f"{line}\n" for line in lines))
+                lines = alert_lines(rows.take(ordered[start : start + WRITE_ROWS]))
+                fh.write(_newline_ended(lines))
                 n += len(lines)
     return n
+
+
+def _newline_ended(lines: pa.StringArray) -> memoryview:
+    """The lines, each followed by a newline, as one buffer (no Python string per line)."""
+    text = pc.binary_join_element_wise(lines, "", "\n")
+    width = np.int64 if pa.types.is_large_string(text.type) else np.int32
+    offsets = np.frombuffer(text.buffers()[1], width)[text.offset : text.offset + len(text) + 1]
+    return memoryview(text.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 
 
 def alert_lines(rows: pa.Table) -> pa.Array:

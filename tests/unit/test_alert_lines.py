@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from fraudrules.backtest import ALERT_FIELDS, alert_lines
+from fraudrules.backtest import ALERT_FIELDS, _newline_ended, alert_lines
 from fraudrules.engine.messages import iso_time
 from fraudrules.tables import exact_number, json_text
 
@@ -92,3 +92,9 @@ def test_repeated_values_are_written_alike_and_an_empty_table_has_no_lines():
     lines = alert_lines(table([ALERT, {**ALERT, "alertId": "1:18"}, ALERT])).to_pylist()
     assert lines[0] == lines[2] == expected(ALERT) and lines[1] == expected({**ALERT, "alertId": "1:18"})
     assert alert_lines(table([])).to_pylist() == []
+
+
+def test_lines_are_written_from_arrow_each_with_its_newline():
+    lines = alert_lines(table([ALERT, {**ALERT, "alertId": "1:18"}, ALERT]))
+    assert bytes(_newline_ended(lines)).decode() == "".join(f"{line}\n" for line in lines.to_pylist())
+    assert bytes(_newline_ended(pa.array(["a", "bc", "d"]).slice(1))) == b"bc\nd\n"  # a slice: its own lines
