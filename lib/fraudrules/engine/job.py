@@ -234,9 +234,7 @@ def start(
     if printer and (note := pyspark_compat.notice()):
         printer(note)
     queries, committers = {}, []
-    # the stateful query first: its start (the rule changes' Delta snapshot, planning) then gets the cores before
-    # the other queries' first micro-batches take them
-    for name in sorted(names, key=lambda n: n not in STATEFUL):
+    for name in names:
         df, sink = query(spark, cfg, name, printer)
         if isinstance(sink, ResultSink):
             sink.committer.commit_pending()  # a previous run's results first: Delta sees them in batch order
@@ -244,4 +242,4 @@ def start(
         queries[name] = start_query(spark, df, sink, cfg, name)
     for c in committers:
         c.start()
-    return Job({name: queries[name] for name in names}, committers)  # in `names` order (process_all_available)
+    return Job(queries, committers)
