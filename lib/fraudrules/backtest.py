@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
@@ -137,19 +137,24 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     order = [(c, "ascending", "at_start") for c in ORDER]  # nulls first, as Spark sorts
     rule_ids = sorted(_per_rule(writer, "alerts"))
     n = 0
-    with open(out, "wb") as fh, ThreadPoolExecutor(1) as reader:
-        reads = [reader.submit(writer.arrow, "alerts", ALERT_FIELDS, where=("ruleId", r)) for r in rule_ids[:1]]
-        for i in range(len(rule_ids)):
-            rows = reads[i].result()
-            reads[i] = None  # only this rule's alerts and the next one's are held
-            if i + 1 < len(rule_ids):
-                reads.append(reader.submit(writer.arrow, "alerts", ALERT_FIELDS, where=("ruleId", rule_ids[i + 1])))
+    with open(out, "wb") as fh:
+        for rows in _read_ahead(lambda r: writer.arrow("alerts", ALERT_FIELDS, where=("ruleId", r)), rule_ids):
             ordered = pc.sort_indices(rows.select(list(ORDER)), sort_keys=order)
             for start in range(0, len(ordered), WRITE_ROWS):  # the lines of a slice at a time
                 lines = alert_lines(rows.take(ordered[start : start + WRITE_ROWS]))
                 fh.write(_newline_ended(lines))
                 n += len(lines)
     return n
+
+
+def _read_ahead(read: Callable[[int], pa.Table], rule_ids: list[int]) -> Iterator[pa.Table]:
+    """Each rule's alerts in turn, the next rule's read in a thread while the caller uses this one's."""
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(read, rule_ids[0]) if rule_ids else None
+        for i in range(len(rule_ids)):
+            rows = ahead.result()
+            ahead = pool.submit(read, rule_ids[i + 1]) if i + 1 < len(rule_ids) else None
+            yield rows
 
 
 def _newline_ended(lines: pa.StringArray) -> memoryview:
