@@ -213,7 +213,9 @@ def detector_frame(*parts: pd.DataFrame, schema: EventSchema = DEFAULT) -> pd.Da
     columns = detector_columns(schema)
     logins = {n: login_column(n) for n in LOGIN_FIELDS}
     renamed = [p.rename(columns=logins) if "eventType" in p else p for p in parts]
-    frame = pd.concat(renamed, ignore_index=True)
+    # each part given the columns it lacks first: pandas would align them as floats (inexact 64-bit ids)
+    absent = [{n: 0 if kind == "long" else None for n, kind in columns.items() if n not in p} for p in renamed]
+    frame = pd.concat([p.assign(**a) for p, a in zip(renamed, absent, strict=True)], ignore_index=True)
     for name, kind in columns.items():
         frame[name] = frame[name].fillna(0).astype("int64") if kind == "long" else frame[name]
     return frame[[*columns, RULE_CHANGE]]

@@ -26,6 +26,7 @@ from tests.support.harness import (
     login_frame,
     login_rule,
     rule,
+    seed_attack,
     tx_rows,
 )
 from tests.support.harness import login_event as login
@@ -92,6 +93,18 @@ def test_rules_processor_keeps_a_shards_rules_and_events_between_batches(tmp_pat
     assert m.clock == 2_000  # the newest transaction time: the next batch's watermark is this minus the lateness
     rules = json.loads(t.peekValueState("rules", SHARD)[0])
     assert rules["rules"]["1"][1] == "ACTIVE"
+
+
+def test_output_keeps_64_bit_ids_exact_beside_rows_without_them(tmp_path, monkeypatch):
+    """An alert's transaction id above 2**53 (a snowflake-style id) reaches the sink as sent, in a micro-batch
+    whose output also holds rows without a transaction id (the rule and stats rows)."""
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("wide")), RuleStream()
+    big = 2**60 + 1  # a float64 would make it 2**60
+    out = t.testInPandas(SHARD, rows(stream, [tx(big, 1_000), tx(big + 2, 1_000)], 0, [COUNT]))
+    assert kinds(out) == ["alert", "rule", "stats"]
+    assert list(out.loc[out["kind"] == "alert", "transactionId"]) == [big + 2]
+    assert str(out["transactionId"].dtype) == "Int64" and out.loc[out["kind"] != "alert", "transactionId"].isna().all()
 
 
 def test_rules_processor_reads_the_state_back_on_a_fresh_worker(tmp_path, monkeypatch):
@@ -208,6 +221,13 @@ def test_login_detector_alerts_across_batches_and_closes_the_sequence(tmp_path, 
     assert t.peekValueState("login_sequences", SHARD) is None and t.peekValueState("login_clock", SHARD) == (4_000,)
     stats = json.loads(out[out["kind"] == "stats"]["details"].iloc[0])
     assert stats["logins"] == 2 and stats["transactions"] == 0
+
+
+def test_login_alerts_keep_64_bit_user_ids_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream, user = both("wide-user"), RuleStream(), 2**60 + 1
+    out = t.testInPandas(SHARD, login_rows(stream, seed_attack(user), 0, [login_rule()]))
+    assert list(out.loc[out["kind"] == "alert", "userId"]) == [user]
 
 
 def test_login_detector_drops_a_sequence_no_event_can_join_any_more(tmp_path, monkeypatch):

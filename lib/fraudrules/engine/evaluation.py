@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import is_integer_dtype
 
 from fraudrules.engine import keying
 from fraudrules.engine.keying import Transactions
@@ -30,23 +31,47 @@ OUTPUT_SCHEMA = (
     "ingestionTimestamp long, key string, aggregate string, watermark long, producedAt long, reason string, "
     "message string, details string, rule string"
 )
-OUTPUT_COLUMNS = tuple(part.strip().split(" ")[0] for part in OUTPUT_SCHEMA.split(","))
+OUTPUT_KINDS = dict(part.split() for part in OUTPUT_SCHEMA.split(","))  # column → Spark type
+OUTPUT_COLUMNS = tuple(OUTPUT_KINDS)
+_INTEGERS = {"long": np.int64, "int": np.int32}
 
 
-def typed(frame: pd.DataFrame) -> pd.DataFrame:
-    """Output rows with one clean dtype per column (nullable integers, strings with None), in schema order.
+def typed(*frames: pd.DataFrame) -> pd.DataFrame:
+    """Output rows of `frames`, one after the other, with one clean dtype per column in schema order: nullable
+    integers, strings with None. Rows of different kinds leave different columns empty.
 
-    Rows of different kinds leave different columns empty; mixed object columns would not convert to Arrow.
-    """
-    out = {}
-    for part in OUTPUT_SCHEMA.split(","):
-        name, kind = part.split()
-        col = frame[name] if name in frame else pd.Series([None] * len(frame), index=frame.index)
-        if kind in ("long", "int"):
-            out[name] = pd.array(pd.to_numeric(col, errors="coerce"), dtype="Int64" if kind == "long" else "Int32")
-        else:
-            out[name] = col.astype(object).where(col.notna(), None)
+    Built column by column from NumPy arrays: concatenating the frames, pandas would turn an integer column that
+    some frame lacks into floats (inexact above 2**53: 64-bit ids); and a micro-batch's output is a few rows,
+    on which each pandas conversion per column costs more than the rows do (two typed outputs took ~13 ms of a
+    shard's ~40 ms per micro-batch at 1,000 tx/s)."""
+    frames = tuple(f for f in frames if len(f))
+    n = sum(len(f) for f in frames)
+    out: dict[str, object] = {}
+    for name, kind in OUTPUT_KINDS.items():
+        parts = [(f.get(name), len(f)) for f in frames]
+        out[name] = _texts(parts, n) if kind == "string" else _integers(parts, n, _INTEGERS[kind])
     return pd.DataFrame(out)
+
+
+def _integers(parts: list[tuple[pd.Series | None, int]], n: int, dtype: type) -> pd.api.extensions.ExtensionArray:
+    values, missing, at = np.zeros(n, dtype), np.ones(n, dtype=bool), 0
+    for col, size in parts:
+        if col is not None:
+            ints = col.array if is_integer_dtype(col.dtype) else pd.array(col.to_numpy(object), "Int64")  # None: NA
+            values[at : at + size] = ints.to_numpy(np.int64, na_value=0)
+            missing[at : at + size] = ints.isna()
+        at += size
+    return pd.arrays.IntegerArray(values, missing)
+
+
+def _texts(parts: list[tuple[pd.Series | None, int]], n: int) -> np.ndarray:
+    values, at = np.full(n, None, dtype=object), 0
+    for col, size in parts:
+        if col is not None:
+            text = col.to_numpy(dtype=object)
+            values[at : at + size] = np.where(pd.isna(text), None, text)
+        at += size
+    return values
 
 
 def alert_kind(rule: Rule) -> str:
@@ -190,7 +215,7 @@ def step(
     alerts = _alerts(tx, keyed, result.fired, by_id)
     seen = _rules_seen(keyed, by_id)
     frames = [f.assign(**common) for f in (alerts, keyed.late, seen) if len(f)]
-    output = typed(pd.concat(frames, ignore_index=True)) if frames else typed(pd.DataFrame())
+    output = typed(*frames)
     timings.lap("output")
     counts = {"transactions": len(tx), "events": len(keyed.events), "gathered": len(old)}
     return StepResult(output, changed, counts)
@@ -226,7 +251,7 @@ def _rules_seen(keyed: Keyed, rules: dict[int, Rule]) -> pd.DataFrame:
 
 
 def stats_row(shard: int, store: ShardEvents, counts: dict[str, int], timings: Timings) -> pd.DataFrame:
-    """What a shard did in a micro-batch and where its Python time went (kind "stats")."""
+    """What a shard did in a micro-batch and where its Python time went: a row of kind "stats" (not yet `typed`)."""
     details = {
         **counts,
         "retained": sum(c.n for c in store.meta.chunks),
@@ -234,4 +259,4 @@ def stats_row(shard: int, store: ShardEvents, counts: dict[str, int], timings: T
         "chunksFromStore": store.read_from_store,
         "ms": {k: round(v, 2) for k, v in timings.parts.items()},
     }
-    return typed(pd.DataFrame({"kind": ["stats"], "shard": [shard], "details": [json.dumps(details)]}))
+    return pd.DataFrame({"kind": ["stats"], "shard": [shard], "details": [json.dumps(details)]})

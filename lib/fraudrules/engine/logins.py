@@ -140,5 +140,7 @@ def step(
     out += [
         {"kind": "rule", "ruleId": r, "ruleVersion": versions[r], "aggregate": str(n)} for r, n in seen.items() if n
     ]
-    frame = pd.DataFrame(out, columns=list(OUTPUT_COLUMNS)).assign(shard=shard, watermark=watermark, producedAt=now_ms)
+    # as objects: a column that some rows lack would otherwise become floats (inexact above 2**53: 64-bit user ids)
+    frame = pd.DataFrame(out, columns=list(OUTPUT_COLUMNS), dtype=object)
+    frame = frame.assign(shard=shard, watermark=watermark, producedAt=now_ms)
     return typed(frame), expire(state, windows, watermark if expire_at is None else expire_at)

@@ -29,7 +29,7 @@ from pyspark.sql.streaming.stateful_processor import TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from fraudrules.engine import logins
-from fraudrules.engine.evaluation import Batch, Timings, stats_row, step
+from fraudrules.engine.evaluation import Batch, Timings, stats_row, step, typed
 from fraudrules.engine.inputs import LOGIN_FIELDS, login_column
 from fraudrules.engine.logins import decode_sequences, encode_sequences
 from fraudrules.engine.pyspark_compat import VectorizedInput
@@ -178,14 +178,15 @@ class Detectors(VectorizedInput, StatefulProcessor):
         timings.lap("input")
         if self.logins is None:
             out, store, counts = self.window.process(batch.events, batch.rule_changes, shard, shards, timings)
+            found = pd.DataFrame()
         else:
             is_login = batch.events[LOGIN_TYPE].notna().to_numpy()
             transactions, login_events = batch.events[~is_login], batch.events[is_login]
             out, store, counts = self.window.process(transactions, batch.rule_changes, shard, shards, timings)
             found = self.logins.process(login_events, batch.rule_changes, shard, shards)
-            out, counts = pd.concat([out, found], ignore_index=True), {**counts, "logins": len(login_events)}
+            counts = {**counts, "logins": len(login_events)}
             timings.lap("logins")
-        yield pd.concat([out, stats_row(shard, store, counts, timings)], ignore_index=True)
+        yield typed(out, found, stats_row(shard, store, counts, timings))
 
     def close(self) -> None:
         pass
