@@ -107,6 +107,19 @@ def test_output_keeps_64_bit_ids_exact_beside_rows_without_them(tmp_path, monkey
     assert str(out["transactionId"].dtype) == "Int64" and out.loc[out["kind"] != "alert", "transactionId"].isna().all()
 
 
+def test_the_state_variables_registration_is_a_stage_of_the_first_batch_after_init(tmp_path, monkeypatch):
+    """Spark calls init in every task: its time (registering the state variables) counts in the Python time of the
+    micro-batch that follows it, once. TwsTester calls init once for both batches here: the second reports none."""
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = in_memory(rules_processor("init")), RuleStream()
+    stages = []
+    for n in range(2):
+        out = t.testInPandas(SHARD, rows(stream, [tx(n + 1, 1_000 * (n + 1))], n, [COUNT] if n == 0 else []))
+        stages.append(json.loads(out.loc[out["kind"] == "stats", "details"].iloc[0])["ms"])
+    assert next(iter(stages[0])) == "init" and stages[0]["init"] > 0
+    assert stages[1]["init"] == 0
+
+
 def test_rules_processor_reads_the_state_back_on_a_fresh_worker(tmp_path, monkeypatch):
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path / "one"))
     t, stream = in_memory(rules_processor("fresh")), RuleStream()
