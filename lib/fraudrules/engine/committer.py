@@ -1,4 +1,5 @@
-"""The committer: a thread per stateful query that appends its outbox to the Delta tables.
+"""The committer: a thread per stateful query that appends its outbox to the Delta tables (and, with an alerts
+topic, its publisher: `engine/publisher.py`).
 
 Several micro-batches go into one commit per table, each commit with Delta's transaction (query, the commit's last
 batch id: `tables.Txn`), so that a batch already in a table is never appended again. Which batches a commit holds
@@ -12,6 +13,7 @@ import os
 import threading
 import traceback
 from collections.abc import Callable
+from functools import partial
 
 import pandas as pd
 import pyarrow as pa
@@ -22,17 +24,26 @@ from fraudrules.config import JobConfig
 from fraudrules.engine import progress
 from fraudrules.engine.outbox import TIMES, Outbox, Progress, with_times
 from fraudrules.engine.progress import Printer
+from fraudrules.engine.publisher import Publisher
 from fraudrules.session import background_thread
 
 BACKGROUND_POOL = "background"
+HOT_POOL = "evaluate"  # scheduler pool (fairscheduler.xml) of evaluation, rule changes and the alerts' publishes
 
 
 class Committer(threading.Thread):
     """Appends a query's outbox to Delta in the background: per table, the batches it does not have yet, in one
-    commit with the transaction (query, last batch of the commit)."""
+    commit with the transaction (query, last batch of the commit). With `publish`, the query's alerts also go to
+    the alerts topic through a `Publisher`, and a batch leaves the outbox once it has them too."""
 
     def __init__(
-        self, spark: SparkSession, cfg: JobConfig, query: str, printer: Printer | None, min_interval_s: float = 2.0
+        self,
+        spark: SparkSession,
+        cfg: JobConfig,
+        query: str,
+        printer: Printer | None,
+        min_interval_s: float = 2.0,
+        publish: Callable[[pa.Table], None] | None = None,
     ):
         super().__init__(daemon=True, name=f"committer-{query}")
         self.spark, self.cfg, self.query, self.printer = spark, cfg, query, printer
@@ -43,6 +54,8 @@ class Committer(threading.Thread):
         self.lock = threading.Lock()  # the thread and callers of commit_pending (drains, tests) take turns
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
         self.writer = tables.writer(spark, cfg)
+        in_hot_pool = partial(spark.sparkContext.setLocalProperty, "spark.scheduler.pool", HOT_POOL)
+        self.publisher = Publisher(publish, self.outbox, in_hot_pool) if publish else None
 
     def run(self) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)
@@ -59,11 +72,19 @@ class Committer(threading.Thread):
             self.halt.wait(self.min_interval_s)
 
     def stop(self) -> None:
-        """Commit what is pending and end the thread."""
+        """Publish and commit what is pending and end the thread."""
         self.halt.set()
         self.wake.set()
         if self.is_alive():
             self.join()
+        self.drain()
+        if self.publisher:
+            self.publisher.close()
+
+    def drain(self) -> None:
+        """Wait for the publish in flight (raising its error), then commit every finished micro-batch."""
+        if self.publisher:
+            self.publisher.flush()
         self.commit_pending()
 
     def commit_pending(self) -> int:
@@ -78,6 +99,8 @@ class Committer(threading.Thread):
             self._commit_table(name, name, batches, lambda parts, t=times: with_times(pa.concat_tables(parts), t))
         self._commit_table("rule_applied", "rule_seen", batches, self._rule_applied)
         done = min(self.outbox.progress(table).committed for table in (*TIMES, "rule_applied"))
+        if self.publisher:
+            done = min(done, self.publisher.published())
         self.outbox.remove([b for b in batches if b <= done])
         return len(batches)
 

@@ -29,7 +29,7 @@ from fraudrules.config import (
 )
 from fraudrules.engine import ingest, inputs, kafka, lines, pyspark_compat
 from fraudrules.engine.bronze import IngestSink
-from fraudrules.engine.committer import BACKGROUND_POOL, Committer
+from fraudrules.engine.committer import BACKGROUND_POOL, HOT_POOL, Committer
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA
 from fraudrules.engine.processors import Detectors
 from fraudrules.engine.progress import STATEFUL, Printer, say
@@ -42,7 +42,6 @@ from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import EVALUATED, RuleError, validate
 
 BACKGROUND = (INGEST_QUERY, LOGINS_INGEST_QUERY)  # off the alert path: background pool, stream thread niced
-HOT_POOL = "evaluate"  # the other queries' scheduler pool (fairscheduler.xml): evaluation and rule changes
 
 
 def namespace(cfg: JobConfig, query: str) -> str:
@@ -176,9 +175,9 @@ class Job:
             c.stop()
 
     def commit(self) -> None:
-        """Commit every finished micro-batch's results to Delta now."""
+        """Publish and commit every finished micro-batch's results now."""
         for c in self.committers:
-            c.commit_pending()
+            c.drain()
 
     def process_all_available(self) -> None:
         for q in self.queries:
@@ -212,9 +211,9 @@ def query(
     if name == LOGINS_INGEST_QUERY:
         return ingest.parse_logins(raw_logins(spark, cfg, name)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
     if name == EVALUATE_QUERY:
-        committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds)
         publish = (lambda alerts: kafka.publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
-        return evaluate(spark, cfg), ResultSink(committer, publish, printer)
+        committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds, publish)
+        return evaluate(spark, cfg), ResultSink(committer, printer)
     raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")
 
 
@@ -226,8 +225,8 @@ def query_names(cfg: JobConfig) -> tuple[str, ...]:
 def start(
     spark: SparkSession, cfg: JobConfig, printer: Printer | None = say, names: tuple[str, ...] | None = None
 ) -> Job:
-    """Create missing tables, adopt the event schema (`adopt_schema`), commit what a previous run left in the
-    outboxes, start the queries (`names`, by default `query_names(cfg)`)."""
+    """Create missing tables, adopt the event schema (`adopt_schema`), publish and commit what a previous run left
+    in the outboxes, start the queries (`names`, by default `query_names(cfg)`)."""
     tables.ensure(spark, cfg)
     adopt_schema(spark, cfg)
     names = names or query_names(cfg)
@@ -237,6 +236,8 @@ def start(
     for name in names:
         df, sink = query(spark, cfg, name, printer)
         if isinstance(sink, ResultSink):
+            if sink.publisher:
+                sink.publisher.recover()  # a previous run's alerts that did not reach the topic
             sink.committer.commit_pending()  # a previous run's results first: Delta sees them in batch order
             committers.append(sink.committer)
         queries[name] = start_query(spark, df, sink, cfg, name)

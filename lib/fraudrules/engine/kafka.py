@@ -12,12 +12,14 @@ Databricks. Connection and security settings come from JobConfig:
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 
 from fraudrules.config import JobConfig
 from fraudrules.engine.ingest import RAW_COLUMNS
+from fraudrules.engine.outbox import EXACT_INTS
 
 # Rule change sources are "topic-partition:offset" with the offset zero-padded: text order = offset order.
 OFFSET_DIGITS = 20
@@ -68,13 +70,12 @@ def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     )
 
 
-def publish_alerts(spark: SparkSession, alerts: pd.DataFrame, cfg: JobConfig) -> None:
-    """Write one micro-batch's alerts to the alerts topic: key = alertId, value = the alert as JSON."""
+def publish_alerts(spark: SparkSession, alerts: pa.Table, cfg: JobConfig) -> None:
+    """Write one micro-batch's alerts (rows of the alerts table, outbox form) to the alerts topic: key = alertId,
+    value = the row as JSON."""
+    frame = alerts.to_pandas(types_mapper=EXACT_INTS.get)  # ids stay exact integers
     messages = pd.DataFrame(
-        {
-            "key": alerts["alertId"].astype(str),
-            "value": alerts.to_json(orient="records", lines=True).splitlines(),
-        }
+        {"key": frame["alertId"].astype(str), "value": frame.to_json(orient="records", lines=True).splitlines()}
     )
     writer = spark.createDataFrame(messages, "key string, value string").write.format("kafka")
     writer = writer.option("topic", str(cfg.kafka_alerts_topic))

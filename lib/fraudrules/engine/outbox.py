@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
+# Arrow integers as pandas' nullable ones (`to_pandas(types_mapper=EXACT_INTS.get)`): 64-bit ids stay exact.
+EXACT_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 # Outbox rows: plain types (times in ms); the committer derives the tables' timestamps and decimals.
 OUTBOX = {
     "alerts": pa.schema(

@@ -1,29 +1,27 @@
 """The stateful queries' foreachBatch sink: a micro-batch's processor output as alerts, late events, shadow hits,
 the batch heartbeat and first evaluations of rule versions.
 
-The output is collected once (that one Spark job runs the whole micro-batch). Alerts go to consumers straight away
-(console, Kafka alerts topic: at-least-once, keyed by alertId for consumers to de-duplicate). Every row bound for
-Delta is then written to the query's outbox before the micro-batch ends; the committer appends it to Delta.
+The output is collected once (that one Spark job runs the whole micro-batch). Alerts go to consumers straight away:
+the Kafka alerts topic through the publisher (`engine/publisher.py`: on its own thread, at-least-once, keyed by
+alertId for consumers to de-duplicate), and the console. Every row bound for Delta is written to the query's outbox
+before the micro-batch ends; the committer appends it to Delta.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from fraudrules.engine import outbox, progress
 from fraudrules.engine.committer import Committer
-from fraudrules.engine.outbox import OUTBOX
+from fraudrules.engine.outbox import EXACT_INTS, OUTBOX
 from fraudrules.engine.progress import Printer
+from fraudrules.engine.publisher import Publisher
 from fraudrules.rules.model import LOGIN_RULE
-
-_NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 
 
 def _rule_fields(rule_json: str) -> dict:
@@ -112,28 +110,22 @@ def _shard_totals(stats: list[dict]) -> dict:
 
 
 class ResultSink:
-    """foreachBatch target of a stateful query: publish the batch's alerts, hand its rows to the outbox."""
+    """foreachBatch target of a stateful query: hand the batch's alerts to the publisher, its rows to the outbox."""
 
-    def __init__(
-        self,
-        committer: Committer,
-        publish: Callable[[pd.DataFrame], None] | None = None,
-        printer: Printer | None = progress.say,
-        show: int = 5,
-    ):
-        self.committer, self.publish, self.printer, self.show = committer, publish, printer, show
+    def __init__(self, committer: Committer, printer: Printer | None = progress.say, show: int = 5):
+        self.committer, self.printer, self.show = committer, printer, show
+        self.publisher: Publisher | None = committer.publisher
         self.query = committer.query
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         if self.committer.error is not None:
             raise RuntimeError(f"committing {self.query}'s results to Delta failed") from self.committer.error
-        out = df.toArrow().to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids stay exact integers
-        now = int(time.time() * 1000)
-        alerts = alert_rows(out, batch_id, now)
-        if len(alerts) and self.publish:
-            self.publish(alerts)
-        published = int(time.time() * 1000)
-        alerts["publishedAtMs"] = published
+        out = df.toArrow().to_pandas(types_mapper=EXACT_INTS.get)  # ids stay exact integers
+        published = int(time.time() * 1000)  # handed to consumers: the publisher and the console
+        alerts = alert_rows(out, batch_id, published)
+        alert_table = outbox.rows(OUTBOX["alerts"], alerts)
+        if self.publisher:
+            self.publisher.submit(batch_id, alert_table)
         late = late_rows(out, batch_id, published)
         shadow = shadow_rows(out, batch_id, published)  # SHADOW rules' hits: to Delta only, never published
         measured = alerts["ingestionTimestamp"] > 0
@@ -157,7 +149,7 @@ class ResultSink:
         self.committer.outbox.put(
             batch_id,
             {
-                "alerts": outbox.rows(OUTBOX["alerts"], alerts),
+                "alerts": alert_table,
                 "shadow_alerts": outbox.rows(OUTBOX["shadow_alerts"], shadow),
                 "late_events": outbox.rows(OUTBOX["late_events"], late),
                 "batches": outbox.rows(OUTBOX["batches"], pd.DataFrame([heartbeat])),
