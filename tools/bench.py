@@ -51,6 +51,8 @@ import numpy as np
 from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
+from fraudrules.engine.outbox import OUTBOX_FOLDER, Outbox
+from fraudrules.engine.publisher import PROGRESS as PUBLISHED
 from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
 from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, kafka_producer, write_jsonl
 from fraudrules.rules import store
@@ -514,6 +516,9 @@ def kafka_run(
         # every transaction sent evaluated, so its alerts published: those late ones count (else `behind`)
         _watch(child, log_path, tail, time.time() + max(60.0, seconds), until=lambda: read() >= sent)
         behind = max(0, sent - read())
+        # the last micro-batch's alerts may still be on their way to the topic (the publisher's own thread)
+        last = _last_batch(checkpoint)
+        _watch(child, log_path, tail, time.time() + 30, until=lambda: _published_batch(checkpoint) >= last)
         ends = end_offsets(bootstrap, topics["alerts"])
         _watch(child, log_path, tail, time.time() + 30, until=lambda: tail.caught_up(ends))
         peak = memory.stop()
@@ -621,14 +626,27 @@ def _watch(child, log_path: str, tail, deadline: float, until=lambda: False) -> 
     return until()
 
 
+def _last_batch(checkpoint: str) -> int:
+    """A query's last committed micro-batch (-1 before any)."""
+    try:
+        return max((int(f) for f in os.listdir(os.path.join(checkpoint, "commits")) if f.isdigit()), default=-1)
+    except OSError:
+        return -1
+
+
+def _published_batch(checkpoint: str) -> int:
+    """The last micro-batch whose alerts the job's publisher has written to the alerts topic (-1 before any)."""
+    return Outbox(os.path.join(checkpoint, OUTBOX_FOLDER)).progress(PUBLISHED).committed
+
+
 def committed_offsets(checkpoint: str, topic: str) -> int:
     """Records of a Kafka topic (summed over partitions) that a query's last committed micro-batch had read: its
     offset log entry (`v1`, the batch's metadata, then one line per source, a Kafka source's `{topic: {partition:
     offset}}`)."""
+    batch = _last_batch(checkpoint)
+    if batch < 0:
+        return 0
     try:
-        batch = max((int(f) for f in os.listdir(os.path.join(checkpoint, "commits")) if f.isdigit()), default=None)
-        if batch is None:
-            return 0
         lines = Path(checkpoint, "offsets", str(batch)).read_text().splitlines()
     except OSError:
         return 0

@@ -18,6 +18,7 @@ import pyarrow as pa
 # Arrow integers as pandas' nullable ones (`to_pandas(types_mapper=EXACT_INTS.get)`): 64-bit ids stay exact.
 EXACT_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 # Outbox rows: plain types (times in ms); the committer derives the tables' timestamps and decimals.
+OUTBOX_FOLDER = "outbox"  # a query's outbox: this folder of its checkpoint
 OUTBOX = {
     "alerts": pa.schema(
         [
