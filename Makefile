@@ -17,7 +17,7 @@ AIRFLOW_VENV := .venv-airflow
 setup: $(VENV)/.installed $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
 
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time).
-# Its extras' dependencies (local, quality, analyst, demo) are pinned in the requirements files.
+# Its dependencies and its extras' (local, quality, analyst) are pinned in the requirements files.
 $(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
+from confluent_kafka import Producer
 
 from fraudrules.config import JobConfig
 from fraudrules.event_schema import DEFAULT, EventSchema
@@ -276,11 +277,9 @@ class RateWriter(PacedWriter):
 
 
 def kafka_producer(bootstrap: str, **extra: object):
-    """An idempotent confluent-kafka producer (imported here only: the Kafka mode is optional). librdkafka's own
-    log says errors only: its warnings are retries it makes itself (a fresh broker's "Coordinator load in
-    progress"), and a message it cannot deliver fails its delivery anyway."""
-    from confluent_kafka import Producer
-
+    """An idempotent confluent-kafka producer. librdkafka's own log says errors only: its warnings are retries it
+    makes itself (a fresh broker's "Coordinator load in progress"), and a message it cannot deliver fails its
+    delivery anyway."""
     config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5, "log_level": 3}
     return Producer({**config, **extra})
 

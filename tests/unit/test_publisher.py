@@ -1,4 +1,4 @@
-"""The alerts publisher (engine/publisher.py) with a recording `publish` in place of the Kafka write: no Spark.
+"""The alerts publisher (engine/publisher.py) with a recording `publish` in place of the Kafka producer: no broker.
 
 What it must keep from a publish inside the micro-batch: batch order, at-least-once across a crash (the outbox
 holds a batch's alerts until they are published), and a failed publish failing the query.
@@ -72,3 +72,19 @@ def test_recover_publishes_what_a_crash_left_unpublished_in_order(tmp_path):
     assert again.recover() == 3
     assert seen == [["1:1"], ["1:2"], ["1:3", "2:3"]]
     assert again.published() == 3 and again.recover() == 0
+
+
+def test_close_ends_a_producer_after_its_last_publish(tmp_path):
+    events: list[str] = []
+
+    class Producer:
+        def __call__(self, table: pa.Table) -> None:
+            events.append("publish")
+
+        def close(self) -> None:
+            events.append("close")
+
+    p = Publisher(Producer(), Outbox(str(tmp_path)))
+    p.submit(0, alerts("1:1"))
+    p.close()
+    assert events == ["publish", "close"]

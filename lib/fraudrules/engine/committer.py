@@ -13,7 +13,6 @@ import os
 import threading
 import traceback
 from collections.abc import Callable
-from functools import partial
 
 import pandas as pd
 import pyarrow as pa
@@ -22,13 +21,13 @@ from pyspark.sql import SparkSession
 from fraudrules import tables
 from fraudrules.config import JobConfig
 from fraudrules.engine import progress
-from fraudrules.engine.outbox import TIMES, Outbox, Progress, with_times
+from fraudrules.engine.outbox import OUTBOX_FOLDER, TIMES, Outbox, Progress, with_times
 from fraudrules.engine.progress import Printer
 from fraudrules.engine.publisher import Publisher
 from fraudrules.session import background_thread
 
 BACKGROUND_POOL = "background"
-HOT_POOL = "evaluate"  # scheduler pool (fairscheduler.xml) of evaluation, rule changes and the alerts' publishes
+HOT_POOL = "evaluate"  # scheduler pool (fairscheduler.xml) of evaluation and rule changes
 
 
 class Committer(threading.Thread):
@@ -47,15 +46,14 @@ class Committer(threading.Thread):
     ):
         super().__init__(daemon=True, name=f"committer-{query}")
         self.spark, self.cfg, self.query, self.printer = spark, cfg, query, printer
-        self.outbox = Outbox(os.path.join(cfg.checkpoint(query), "outbox"))
+        self.outbox = Outbox(os.path.join(cfg.checkpoint(query), OUTBOX_FOLDER))
         self.min_interval_s = min_interval_s
         self.wake, self.halt = threading.Event(), threading.Event()
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # the thread and callers of commit_pending (drains, tests) take turns
         self.reported: set[tuple[int, int]] | None = None  # rule versions whose apply delay is recorded
         self.writer = tables.writer(spark, cfg)
-        in_hot_pool = partial(spark.sparkContext.setLocalProperty, "spark.scheduler.pool", HOT_POOL)
-        self.publisher = Publisher(publish, self.outbox, in_hot_pool) if publish else None
+        self.publisher = Publisher(publish, self.outbox) if publish else None
 
     def run(self) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)

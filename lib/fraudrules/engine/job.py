@@ -211,7 +211,7 @@ def query(
     if name == LOGINS_INGEST_QUERY:
         return ingest.parse_logins(raw_logins(spark, cfg, name)), IngestSink(cfg, LOGINS_INGEST_QUERY, "login")
     if name == EVALUATE_QUERY:
-        publish = (lambda alerts: kafka.publish_alerts(spark, alerts, cfg)) if cfg.kafka_alerts_topic else None
+        publish = kafka.AlertsProducer(cfg) if cfg.kafka_alerts_topic else None
         committer = Committer(spark, cfg, name, printer, cfg.background_trigger_seconds, publish)
         return evaluate(spark, cfg), ResultSink(committer, printer)
     raise ValueError(f"unknown query {name!r}; queries: {', '.join(QUERIES)}")

@@ -5,14 +5,22 @@ Databricks. Connection and security settings come from JobConfig:
 
 * `kafka_bootstrap` → `kafka.bootstrap.servers`;
 * `kafka_options`: keys starting with `kafka.` (e.g. `kafka.security.protocol`, `kafka.sasl.mechanism`,
-  `kafka.sasl.jaas.config`, `kafka.ssl.truststore.location`) go to every reader and writer as they are;
-  other keys (e.g. `failOnDataLoss`, `minPartitions`) go to the readers only.
+  `kafka.sasl.jaas.config`, `kafka.ssl.truststore.location`) go to every reader as they are, and to the alerts
+  producer as librdkafka names them (`producer_config`); other keys (e.g. `failOnDataLoss`, `minPartitions`) go to
+  the readers only.
+
+The alerts go out through librdkafka in the driver (`AlertsProducer`), not a Spark write: no Spark job per
+micro-batch.
 """
 
 from __future__ import annotations
 
-import pandas as pd
+import re
+from collections.abc import Callable
+from functools import partial
+
 import pyarrow as pa
+from confluent_kafka import KafkaException, Producer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
@@ -70,15 +78,130 @@ def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     )
 
 
-def publish_alerts(spark: SparkSession, alerts: pa.Table, cfg: JobConfig) -> None:
-    """Write one micro-batch's alerts (rows of the alerts table, outbox form) to the alerts topic: key = alertId,
-    value = the row as JSON."""
-    frame = alerts.to_pandas(types_mapper=EXACT_INTS.get)  # ids stay exact integers
-    messages = pd.DataFrame(
-        {"key": frame["alertId"].astype(str), "value": frame.to_json(orient="records", lines=True).splitlines()}
-    )
-    writer = spark.createDataFrame(messages, "key string, value string").write.format("kafka")
-    writer = writer.option("topic", str(cfg.kafka_alerts_topic))
-    for key, value in client_options(cfg).items():
-        writer = writer.option(key, value)
-    writer.save()
+# The Java consumer's settings that a producer does not have: readers' options (`kafka.*` go to every reader and
+# writer), which the alerts producer skips as Spark's Java writer does (it warns of them and goes on).
+CONSUMER_ONLY = frozenset(
+    [
+        "allow.auto.create.topics",
+        "auto.commit.interval.ms",
+        "auto.offset.reset",
+        "check.crcs",
+        "client.rack",
+        "default.api.timeout.ms",
+        "enable.auto.commit",
+        "exclude.internal.topics",
+        "fetch.max.bytes",
+        "fetch.max.wait.ms",
+        "fetch.min.bytes",
+        "group.id",
+        "group.instance.id",
+        "group.protocol",
+        "group.remote.assignor",
+        "heartbeat.interval.ms",
+        "isolation.level",
+        "key.deserializer",
+        "max.partition.fetch.bytes",
+        "max.poll.interval.ms",
+        "max.poll.records",
+        "partition.assignment.strategy",
+        "session.timeout.ms",
+        "value.deserializer",
+    ]
+)
+JAAS_LOGIN = re.compile(r"\.(PlainLoginModule|ScramLoginModule)\s+required\b(?P<options>.*)", re.DOTALL)
+JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+PRODUCER_DEFAULTS = {  # the Java producer's defaults where librdkafka's differ (delivery.timeout.ms: 2 minutes)
+    "enable.idempotence": "true",
+    "acks": "all",
+    "delivery.timeout.ms": "120000",
+}
+
+
+def producer_config(cfg: JobConfig) -> dict[str, str]:
+    """The alerts producer's librdkafka settings from the job's Java client options (`client_options`).
+
+    Most Java producer settings have the same name in librdkafka and pass as they are (librdkafka rejects those it
+    does not know). Translated: `sasl.jaas.config` of the PLAIN and SCRAM login modules (to `sasl.username` and
+    `sasl.password`), a PEM trust store (`ssl.truststore.type=PEM`: to `ssl.ca.location`, or `ssl.ca.pem` for
+    `ssl.truststore.certificates`), an empty `ssl.endpoint.identification.algorithm` (to `none`). Consumer-only
+    settings are skipped. A JKS or PKCS12 trust store, or another JAAS login module, has no librdkafka equivalent:
+    a ValueError says which option."""
+    java = {k.removeprefix("kafka."): v for k, v in client_options(cfg).items()}
+    config = dict(PRODUCER_DEFAULTS)
+    truststore = java.pop("ssl.truststore.type", "JKS").upper()
+    for key, value in java.items():
+        if key in CONSUMER_ONLY:
+            continue
+        if key == "sasl.jaas.config":
+            config.update(_jaas_credentials(value))
+        elif key in ("ssl.truststore.location", "ssl.truststore.certificates"):
+            if truststore != "PEM":
+                raise ValueError(
+                    f"kafka.{key}: the alerts producer (librdkafka) reads PEM trust stores only; set "
+                    f"kafka.ssl.truststore.type=PEM with a PEM file (this one is {truststore})"
+                )
+            config["ssl.ca.location" if key.endswith("location") else "ssl.ca.pem"] = value
+        elif key == "ssl.endpoint.identification.algorithm":
+            config[key] = value or "none"
+        else:
+            config[key] = value
+    return config
+
+
+def _jaas_credentials(jaas: str) -> dict[str, str]:
+    """`sasl.username` and `sasl.password` of a PLAIN or SCRAM JAAS login (any package: `kafkashaded.` too)."""
+    login = JAAS_LOGIN.search(jaas)
+    options = dict(JAAS_OPTION.findall(login.group("options"))) if login else {}
+    if "username" not in options or "password" not in options:
+        raise ValueError(
+            "kafka.sasl.jaas.config: the alerts producer (librdkafka) takes a PlainLoginModule or ScramLoginModule "
+            'login with username="..." password="..." only'
+        )
+    unescape = partial(re.sub, r"\\(.)", r"\1")
+    return {"sasl.username": unescape(options["username"]), "sasl.password": unescape(options["password"])}
+
+
+class AlertsProducer:
+    """The alerts topic's producer in the driver (librdkafka): a micro-batch's alerts sent and acknowledged in one
+    call, a few milliseconds, where a Spark write of them was a Spark job (100-250 ms here, its tasks on the cores
+    the next micro-batch needs)."""
+
+    def __init__(self, cfg: JobConfig):
+        self.topic = str(cfg.kafka_alerts_topic)
+        # librdkafka's own log: errors only (its warnings are retries it makes itself; a message it cannot deliver
+        # fails its delivery, raised here)
+        try:
+            self.producer = Producer({**producer_config(cfg), "log_level": 3})
+        except KafkaException as err:
+            raise ValueError(f"the alerts producer (librdkafka) cannot take the job's Kafka options: {err}") from err
+
+    def __call__(self, alerts: pa.Table) -> None:
+        """Every row to the topic, key = alertId, value = the row as JSON; returns once the broker has each one,
+        raises the first delivery error."""
+        if not alerts.num_rows:
+            return
+        frame = alerts.to_pandas(types_mapper=EXACT_INTS.get)  # ids stay exact integers
+        values = frame.to_json(orient="records", lines=True).splitlines()
+        errors: list[object] = []
+
+        def delivered(err: object, _msg: object) -> None:
+            if err is not None:
+                errors.append(err)
+
+        for key, value in zip(frame["alertId"].astype(str), values, strict=True):
+            self._produce(key.encode(), value.encode(), delivered)
+        self.producer.flush()
+        if errors:
+            raise RuntimeError(f"{len(errors)} of {len(values)} alerts not delivered to {self.topic}: {errors[0]}")
+
+    def close(self) -> None:
+        """Deliver what is left and end the producer's connections (else it retries them while its process lives)."""
+        self.producer.close()
+
+    def _produce(self, key: bytes, value: bytes, delivered: Callable[[object, object], None]) -> None:
+        while True:
+            try:
+                self.producer.produce(self.topic, value=value, key=key, on_delivery=delivered)
+                return
+            except BufferError:  # librdkafka's queue is full: let deliveries drain it
+                self.producer.poll(0.1)

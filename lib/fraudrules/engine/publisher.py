@@ -1,5 +1,5 @@
-"""The publisher: a stateful query's alerts to the Kafka alerts topic, on a thread of its own while the next
-micro-batch runs (a Spark write per micro-batch, ~90 ms at 1,000 tx/s here, no longer inside the micro-batch).
+"""The publisher: a stateful query's alerts to the Kafka alerts topic (`kafka.AlertsProducer`), on a thread of its
+own while the next micro-batch runs: the micro-batch does not wait for the broker.
 
 At-least-once, as a publish inside the micro-batch was: a micro-batch's alerts are in the outbox before it ends, and
 the committer removes a batch from the outbox only once the publisher has it as well (its `Progress` "kafka",
@@ -22,14 +22,11 @@ PROGRESS = "kafka"  # the publisher's progress file beside the outbox
 
 
 class Publisher:
-    """Publishes each micro-batch's alert rows (outbox form) with `publish`, in batch order, on one thread;
-    `initializer` runs first on that thread (the Spark scheduler pool of its writes)."""
+    """Publishes each micro-batch's alert rows (outbox form) with `publish`, in batch order, on one thread."""
 
-    def __init__(
-        self, publish: Callable[[pa.Table], None], outbox: Outbox, initializer: Callable[[], None] | None = None
-    ):
+    def __init__(self, publish: Callable[[pa.Table], None], outbox: Outbox):
         self.publish, self.outbox = publish, outbox
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="publisher", initializer=initializer)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="publisher")
         self.lock = threading.Lock()
         self.last: tuple[int, Future] | None = None  # the last batch handed over and its publish
 
@@ -52,9 +49,11 @@ class Publisher:
             raise RuntimeError(f"publishing the alerts of micro-batch {batch_id} to the alerts topic failed") from err
 
     def close(self) -> None:
-        """Wait for the last publish, then end the thread."""
+        """Wait for the last publish, then end the thread, and the producer if `publish` is one (`close`)."""
         self.flush()
         self.pool.shutdown()
+        if close := getattr(self.publish, "close", None):
+            close()
 
     def published(self) -> int:
         """The last batch whose alerts are published (every one before it is), -1 before any."""
