@@ -236,6 +236,24 @@ def test_login_detector_alerts_across_batches_and_closes_the_sequence(tmp_path, 
     assert stats["logins"] == 2 and stats["transactions"] == 0
 
 
+def test_a_batch_without_login_events_or_rule_changes_leaves_the_login_state_alone(tmp_path, monkeypatch):
+    """Nothing of the login detector's state can change then (its clock, and so what expires, moves with its own
+    events): it makes no state call, and the open sequence is there for the events that complete it."""
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    t, stream = both("idle-logins"), RuleStream()
+    t.testInPandas(
+        SHARD, login_rows(stream, [login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)], 0, [login_rule()])
+    )
+    detector, calls = t.processor.logins, []
+    for state in (detector.rules, detector.sequences, detector.clock):
+        monkeypatch.setattr(state, "get", lambda get=state.get: calls.append(get) or get())
+    t.testInPandas(SHARD, login_rows(stream, [], 1, transactions=[tx(1, 3_000)]))
+    assert calls == []
+    assert sequences(t) == {(1, 1): ["a", "b"]}
+    out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 2))
+    assert list(out.loc[out["kind"] == "alert", "userId"]) == [1]
+
+
 def test_login_alerts_keep_64_bit_user_ids_exact(tmp_path, monkeypatch):
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
     t, stream, user = both("wide-user"), RuleStream(), 2**60 + 1

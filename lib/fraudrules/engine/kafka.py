@@ -163,8 +163,7 @@ def _jaas_credentials(jaas: str) -> dict[str, str]:
 
 class AlertsProducer:
     """The alerts topic's producer in the driver (librdkafka): a micro-batch's alerts sent and acknowledged in one
-    call, a few milliseconds, where a Spark write of them was a Spark job (100-250 ms here, its tasks on the cores
-    the next micro-batch needs)."""
+    call, without a Spark job (whose tasks would take the cores the next micro-batch needs)."""
 
     def __init__(self, cfg: JobConfig):
         self.topic = str(cfg.kafka_alerts_topic)

@@ -14,7 +14,8 @@ shard's keys are pruned together, and no timer is needed.
 Python state calls cost a socket round trip each. The window rules keep their rules (one value), their chunk
 catalog with the clock (one value), COUNT_WITH_RESET bookkeeping (one value) and their events as chunks in a map
 (one entry written per batch, see `state`). The login detector keeps its rules, its open sequences (one value,
-small: sequences last minutes) and its clock, each written only when it changed.
+small: sequences last minutes) and its clock, each written only when it changed, and read only in a micro-batch
+with login events or rule changes (in any other, nothing of it can change).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class LoginDetector:
     def process(self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int) -> pd.DataFrame:
         """A batch's login events (all shards' ones: each sees every event time) and rule changes: the output rows
         of this shard's users."""
+        if events.empty and not changes:  # the clock, so what expires, moves with events: nothing to do, no state call
+            return pd.DataFrame()
         rules, blob, clock = self.rules.get(), self.sequences.get(), self.clock.get()
         rule_set = RuleSet.from_json(rules[0] if rules else None)
         before, saved = rule_set.to_json(), bytes(blob[0]) if blob else None
