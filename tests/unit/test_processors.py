@@ -247,7 +247,7 @@ def test_a_batch_without_login_events_or_rule_changes_leaves_the_login_state_alo
     detector, calls = t.processor.logins, []
     for state in (detector.rules, detector.sequences, detector.clock):
         monkeypatch.setattr(state, "get", lambda get=state.get: calls.append(get) or get())
-    t.testInPandas(SHARD, login_rows(stream, [], 1, transactions=[tx(1, 3_000)]))
+    t.testInPandas(SHARD, detector_frame(tx_rows([tx(1, 3_000)], 1)))  # transactions alone
     assert calls == []
     assert sequences(t) == {(1, 1): ["a", "b"]}
     out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 2))
