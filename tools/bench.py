@@ -48,13 +48,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fraudrules import event_schema, tables
+from fraudrules import event_schema, kafka_client, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
 from fraudrules.engine.outbox import OUTBOX_FOLDER, Outbox
 from fraudrules.engine.publisher import PROGRESS as PUBLISHED
 from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
-from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, kafka_producer, write_jsonl
+from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
 from fraudrules.session import get_spark
@@ -548,17 +548,11 @@ def kafka_run(
 
 def _produce_backlog(bootstrap: str, topic: str, events) -> int:
     """Every event to the topic as fast as the broker takes them, stamped with the time it was sent."""
-    producer = kafka_producer(bootstrap, **{"linger.ms": 50, "queue.buffering.max.messages": 1_000_000})
+    producer = kafka_client.producer(bootstrap, **{"linger.ms": 50, "queue.buffering.max.messages": 1_000_000})
     sent = 0
     for event in events:
         event["ingestionTimestamp"] = int(time.time() * 1000)
-        value = json.dumps(event).encode()
-        while True:
-            try:
-                producer.produce(topic, value=value)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.1)
+        kafka_client.send(producer, topic, json.dumps(event).encode())
         sent += 1
         if sent % PRODUCE_POLL_EVERY == 0:
             producer.poll(0)

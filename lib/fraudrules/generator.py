@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
-from confluent_kafka import Producer
 
 from fraudrules.config import JobConfig
 from fraudrules.event_schema import DEFAULT, EventSchema
+from fraudrules.kafka_client import producer, send
 
 _CHUNK = 100_000
 SAMPLE_RULES = "sample_rules.json"  # rules that catch the injected bursts, plus the login detector (in the package)
@@ -276,24 +276,16 @@ class RateWriter(PacedWriter):
         _write_file(self.folder, f"rt-{now_ms}-{tick:08d}.json", rows)
 
 
-def kafka_producer(bootstrap: str, **extra: object):
-    """An idempotent confluent-kafka producer. librdkafka's own log says errors only: its warnings are retries it
-    makes itself (a fresh broker's "Coordinator load in progress"), and a message it cannot deliver fails its
-    delivery anyway."""
-    config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5, "log_level": 3}
-    return Producer({**config, **extra})
-
-
 class KafkaRateWriter(PacedWriter):
     """A paced writer into a topic: one message per event, polled per tick, flushed at the end."""
 
     def __init__(self, bootstrap: str, topic: str, events: Iterator[dict], rate: float, **kwargs):
         super().__init__(events, rate, name=f"kafka-writer-{topic}", **kwargs)
-        self.topic, self._producer = topic, kafka_producer(bootstrap)
+        self.topic, self._producer = topic, producer(bootstrap)
 
     def emit(self, rows: list[dict], now_ms: int, tick: int) -> None:
         for event in rows:
-            self._producer.produce(self.topic, value=json.dumps(event).encode())
+            send(self._producer, self.topic, json.dumps(event).encode())
         self._producer.poll(0)
 
     def close(self) -> None:

@@ -390,10 +390,10 @@ def _led(topic) -> bool:
 
 def produce(bootstrap: str, topic: str, values: list, key: str | None = None, timeout_s: float = 60) -> int:
     """Produce values (dicts as JSON, strings as they are) in order and wait for every delivery."""
-    from fraudrules.generator import kafka_producer
+    from fraudrules.kafka_client import producer
 
     errors: list[str] = []
-    p = kafka_producer(bootstrap)
+    p = producer(bootstrap)
     for value in values:
         text = value if isinstance(value, str) else json.dumps(value)
         p.produce(

@@ -16,7 +16,6 @@ micro-batch.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from functools import partial
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ from pyspark.sql.streaming import DataStreamReader
 from fraudrules.config import JobConfig
 from fraudrules.engine.ingest import RAW_COLUMNS
 from fraudrules.engine.outbox import EXACT_INTS
+from fraudrules.kafka_client import send
 
 # Rule change sources are "topic-partition:offset" with the offset zero-padded: text order = offset order.
 OFFSET_DIGITS = 20
@@ -188,7 +188,7 @@ class AlertsProducer:
                 errors.append(err)
 
         for key, value in zip(frame["alertId"].astype(str), values, strict=True):
-            self._produce(key.encode(), value.encode(), delivered)
+            send(self.producer, self.topic, value.encode(), key.encode(), delivered)
         self.producer.flush()
         if errors:
             raise RuntimeError(f"{len(errors)} of {len(values)} alerts not delivered to {self.topic}: {errors[0]}")
@@ -196,11 +196,3 @@ class AlertsProducer:
     def close(self) -> None:
         """Deliver what is left and end the producer's connections (else it retries them while its process lives)."""
         self.producer.close()
-
-    def _produce(self, key: bytes, value: bytes, delivered: Callable[[object, object], None]) -> None:
-        while True:
-            try:
-                self.producer.produce(self.topic, value=value, key=key, on_delivery=delivered)
-                return
-            except BufferError:  # librdkafka's queue is full: let deliveries drain it
-                self.producer.poll(0.1)
