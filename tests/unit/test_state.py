@@ -157,6 +157,47 @@ def test_a_detail_read_again_never_displaces_one_held_since_its_chunk_was_writte
     assert budget.held_bytes() <= budget.limit
 
 
+def test_the_parts_of_folded_chunks_go_before_any_other_chunk_is_cut():
+    """A fold answers for its chunks: their summaries make room before the details of the others (a chunk that
+    windows cut, read again, would otherwise be dropped and decoded again in every micro-batch)."""
+    rng = np.random.default_rng(4)
+    events = [_events(rng, 100, [1], (0, MIN), 0, np.arange(9)).sorted() for _ in range(3)]
+    a, b, c = (Indexed(ev) for ev in events)
+    a.detail = b.detail = None  # folded chunks: their windows hold them whole
+    a.folded = b.folded = True
+    budget = Budget(limit=c.nbytes() + a.nbytes() * 3 // 2)
+    for chunk in (a, b, c):
+        budget.hold(chunk, resident=True)
+    assert [x.summary is not None for x in (a, b)] == [False, True] and c.detail is not None
+    c.detail = None
+    c.restore(events[2])  # c read again (not resident) as the budget shrinks: b's summary goes, not c's detail
+    budget.hold(c, resident=False)
+    budget.limit = c.nbytes()
+    budget.trim()
+    assert [x.summary is not None for x in (a, b)] == [False, False] and c.detail is not None
+
+
+def test_a_fold_that_answers_every_new_event_reads_none_of_its_chunks(tmp_path, monkeypatch):
+    """Day-long windows hold the folded chunks whole: a batch asks the fold, and no folded chunk's summary is
+    read again (the budget dropped them all)."""
+    monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
+    rng = np.random.default_rng(23)
+    store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
+    old = []
+    for b in range(6):
+        old.append(_ruled(rng, 300, [3], (b * 4 * MIN, (b + 1) * 4 * MIN), b * 300, False))
+        store.append(old[-1], KEEP_ALL)
+    day = _ruled(rng, 200, [3], (40 * MIN, 41 * MIN), 20_000, False)
+    store.base(day, RULES)
+    assert store.cache.fold is not None and len(store.cache.fold.chunks) == 6
+    monkeypatch.setattr(state.BUDGET, "limit", 0)
+    state.BUDGET.trim()
+    assert all(store.parts[c.id].summary is None for c in store.meta.chunks)
+    later = _ruled(rng, 200, [3], (42 * MIN, 43 * MIN), 30_000, False)
+    _check(store.base(later, RULES), _scan(Events.concat(old), later), later)
+    assert all(store.parts[c.id].summary is None for c in store.meta.chunks)
+
+
 def test_a_summary_dropped_for_the_budget_is_read_again_from_its_file_not_built_from_the_events(tmp_path, monkeypatch):
     """Long windows hold whole groups: a batch needs every chunk's summary and no chunk's events. Summaries the
     budget dropped come back from their small local files, without reading or decoding the chunks' events."""

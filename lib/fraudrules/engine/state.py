@@ -242,6 +242,7 @@ class Indexed:
         self.born = next(_BORN)
         self.summary: Summary | None = None
         self.detail: Detail | None = None
+        self.folded = False  # in its shard's `Fold`, which answers for it: its parts are the first to go
         self.restore(ev)
 
     def restore(self, ev: Events) -> None:
@@ -495,11 +496,12 @@ def drop_cache(namespace: str) -> None:
 
 
 class Budget:
-    """How many bytes of chunks this process keeps in memory, for all its shards. Beyond it, per-event details
-    are dropped first, then per-group summaries, each time those read again before those held since their chunk
-    was written, and the oldest first; a query that needs one again reads the chunk from the local disk cache.
-    A chunk read again never displaces one held since it was written: every micro-batch visits a shard's chunks
-    in the same order, where dropping the least recently used would drop each just before it is needed again."""
+    """How many bytes of chunks this process keeps in memory, for all its shards. Beyond it, the parts of folded
+    chunks go first (their fold answers for them), then per-event details, then per-group summaries, each time
+    those read again before those held since their chunk was written, and the oldest first; a query that needs one
+    again reads the chunk from the local disk cache. A chunk read again never displaces one held since it was
+    written: every micro-batch visits a shard's chunks in the same order, where dropping the least recently used
+    would drop each just before it is needed again."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -517,9 +519,10 @@ class Budget:
         sizes = self._sizes()  # each chunk's bytes, measured once
         total = sum(sizes.values())
         order = sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0]))
-        for part in ("detail", "summary"):
-            for born, (chunk, resident) in order:
-                if total <= self.limit or (resident and not displace):
+        folded = [entry for entry in order if entry[1][0].folded]
+        for part, entries in (("detail", folded), ("summary", folded), ("detail", order), ("summary", order)):
+            for born, (chunk, resident) in entries:
+                if total <= self.limit or (resident and not displace and not chunk.folded):
                     break
                 if born != keep and getattr(chunk, part) is not None:
                     setattr(chunk, part, None)
@@ -703,7 +706,7 @@ class ShardEvents:
         folded = [c for c in self.meta.chunks if (c.id, c.tag) in in_fold]
         if fold is not None:
             rest = needles.take(_ask_fold(out, needles, fold))
-            for c in folded:  # needles the fold cannot answer ask its chunks one by one
+            for c in folded if len(rest) else ():  # needles the fold cannot answer ask its chunks one by one
                 self._ask(out, rest, c, margin=-1)
             if len(rest) > len(needles) - len(rest):  # windows now cut its chunks: fold again later
                 fold = self.cache.fold = None
@@ -712,6 +715,9 @@ class ShardEvents:
         settled = [c for c in loose if self._ask(out, needles, c, margin if _settled(c) else -1)]
         if len(settled) >= FOLD_MIN:
             self.cache.fold = self._folded(fold, settled)
+        now_folded = self.cache.fold.chunks if self.cache.fold is not None else frozenset()
+        for c in self.meta.chunks:
+            self.parts[c.id].folded = (c.id, c.tag) in now_folded
         return out
 
     def _fold(self) -> Fold | None:
