@@ -390,17 +390,18 @@ def _led(topic) -> bool:
 
 def produce(bootstrap: str, topic: str, values: list, key: str | None = None, timeout_s: float = 60) -> int:
     """Produce values (dicts as JSON, strings as they are) in order and wait for every delivery."""
-    from fraudrules.kafka_client import producer
+    from fraudrules.kafka_client import producer, send
 
     errors: list[str] = []
     p = producer(bootstrap)
     for value in values:
         text = value if isinstance(value, str) else json.dumps(value)
-        p.produce(
+        send(
+            p,
             topic,
-            value=text.encode(),
-            key=key.encode() if key else None,
-            on_delivery=lambda err, _msg: errors.append(str(err)) if err else None,
+            text.encode(),
+            key.encode() if key else None,
+            lambda err, _msg: errors.append(str(err)) if err else None,
         )
         p.poll(0)
     left = p.flush(timeout_s)

@@ -190,12 +190,15 @@ def test_a_fold_that_answers_every_new_event_reads_none_of_its_chunks(tmp_path, 
     day = _ruled(rng, 200, [3], (40 * MIN, 41 * MIN), 20_000, False)
     store.base(day, RULES)
     assert store.cache.fold is not None and len(store.cache.fold.chunks) == 6
+    assert all(store.parts[c.id].folded for c in store.meta.chunks)  # the budget drops their parts first
     monkeypatch.setattr(state.BUDGET, "limit", 0)
     state.BUDGET.trim()
     assert all(store.parts[c.id].summary is None for c in store.meta.chunks)
     later = _ruled(rng, 200, [3], (42 * MIN, 43 * MIN), 30_000, False)
     _check(store.base(later, RULES), _scan(Events.concat(old), later), later)
     assert all(store.parts[c.id].summary is None for c in store.meta.chunks)
+    store.cache.retain(store.meta.chunks[1:])  # a folded chunk gone: no fold, and no chunk counts as folded
+    assert store.cache.fold is None and not any(store.parts[c.id].folded for c in store.meta.chunks[1:])
 
 
 def test_a_summary_dropped_for_the_budget_is_read_again_from_its_file_not_built_from_the_events(tmp_path, monkeypatch):

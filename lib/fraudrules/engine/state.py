@@ -547,7 +547,21 @@ class Cache:
     def __init__(self, namespace: str, shard: int, root: str | None = None):
         self.dir = os.path.join(root or cache_root(), namespace, str(shard))
         self.loaded: dict[int, tuple[str, Indexed]] = {}
-        self.fold: Fold | None = None
+        self._fold: Fold | None = None
+
+    @property
+    def fold(self) -> Fold | None:
+        return self._fold
+
+    @fold.setter
+    def fold(self, fold: Fold | None) -> None:
+        """The shard's fold; the chunks held say whether they are in it (`Indexed.folded`, for the budget)."""
+        self._fold = fold
+        for i, (tag, chunk) in self.loaded.items():
+            chunk.folded = self._folds(i, tag)
+
+    def _folds(self, chunk_id: int, tag: str) -> bool:
+        return self._fold is not None and (chunk_id, tag) in self._fold.chunks
 
     def _path(self, c: Chunk, part: str = "") -> str:
         return os.path.join(self.dir, f"{c.id}-{c.tag}{part}.arrow")
@@ -595,6 +609,7 @@ class Cache:
 
     def _hold(self, c: Chunk, ev: Events) -> Indexed:
         chunk = Indexed(ev)
+        chunk.folded = self._folds(c.id, c.tag)
         self.write_summary(c, chunk.summary)
         if (old := self.loaded.get(c.id)) is not None:
             BUDGET.forget(old[1])
@@ -715,9 +730,6 @@ class ShardEvents:
         settled = [c for c in loose if self._ask(out, needles, c, margin if _settled(c) else -1)]
         if len(settled) >= FOLD_MIN:
             self.cache.fold = self._folded(fold, settled)
-        now_folded = self.cache.fold.chunks if self.cache.fold is not None else frozenset()
-        for c in self.meta.chunks:
-            self.parts[c.id].folded = (c.id, c.tag) in now_folded
         return out
 
     def _fold(self) -> Fold | None:
