@@ -141,10 +141,11 @@ def test_a_chunk_counts_the_group_sizes_its_summary_shares_with_its_detail_once(
     assert chunk.nbytes() == summary
 
 
-def test_a_detail_read_again_never_displaces_one_held_since_its_chunk_was_written():
+def test_a_detail_read_again_never_displaces_one_in_use_held_since_its_chunk_was_written():
     rng = np.random.default_rng(3)
     events = [_events(rng, 100, [1], (0, MIN), 0, np.arange(9)).sorted() for _ in range(3)]
     a, b, c = (Indexed(ev) for ev in events)
+    a.asked = b.asked = c.asked = True  # windows cut them all: queries use their details
     budget = Budget(limit=a.nbytes() * 5 // 2)
     for chunk in (a, b, c):
         budget.hold(chunk, resident=True)
@@ -154,6 +155,22 @@ def test_a_detail_read_again_never_displaces_one_held_since_its_chunk_was_writte
     assert [x.detail is not None for x in (a, b, c)] == [True, True, True]  # over the limit while a is used
     budget.trim()
     assert [x.detail is not None for x in (a, b, c)] == [False, True, True]
+    assert budget.held_bytes() <= budget.limit
+
+
+def test_details_no_query_used_make_room_for_one_that_windows_cut():
+    """Day-long windows hold the newest chunks' groups whole: their details wait only for a merge. The oldest chunk,
+    which the window's start cuts, is read again in every micro-batch unless it displaces them."""
+    rng = np.random.default_rng(6)
+    events = [_events(rng, 100, [1], (0, MIN), 0, np.arange(9)).sorted() for _ in range(3)]
+    old, b, c = (Indexed(ev) for ev in events)
+    budget = Budget(limit=old.nbytes() * 3 // 2)
+    for chunk in (b, c):
+        budget.hold(chunk, resident=True)
+    old.asked = True
+    budget.hold(old, resident=False)
+    budget.trim()
+    assert old.detail is not None and b.detail is None and c.detail is None  # both idle ones went
     assert budget.held_bytes() <= budget.limit
 
 

@@ -243,6 +243,7 @@ class Indexed:
         self.summary: Summary | None = None
         self.detail: Detail | None = None
         self.folded = False  # in its shard's `Fold`, which answers for it: its parts are the first to go
+        self.asked = False  # a micro-batch used its detail (a window cut it, a distinct count or a merge read it)
         self.restore(ev)
 
     def restore(self, ev: Events) -> None:
@@ -497,11 +498,12 @@ def drop_cache(namespace: str) -> None:
 
 class Budget:
     """How many bytes of chunks this process keeps in memory, for all its shards. Beyond it, the parts of folded
-    chunks go first (their fold answers for them), then per-event details, then per-group summaries, each time
-    those read again before those held since their chunk was written, and the oldest first; a query that needs one
-    again reads the chunk from the local disk cache. A chunk read again never displaces one held since it was
-    written: every micro-batch visits a shard's chunks in the same order, where dropping the least recently used
-    would drop each just before it is needed again."""
+    chunks go first (their fold answers for them), then the per-event details no query has used (long windows hold
+    the chunk's groups whole: only a merge may want them), then the other details, then per-group summaries, each
+    time those read again before those held since their chunk was written, and the oldest first; a query that
+    needs one again reads the chunk from the local disk cache. A chunk read again displaces only those first two
+    kinds, never a part in use held since its chunk was written: every micro-batch visits a shard's chunks in the
+    same order, where dropping the least recently used would drop each just before it is needed again."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -520,9 +522,11 @@ class Budget:
         total = sum(sizes.values())
         order = sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0]))
         folded = [entry for entry in order if entry[1][0].folded]
-        for part, entries in (("detail", folded), ("summary", folded), ("detail", order), ("summary", order)):
+        idle = [entry for entry in order if not entry[1][0].asked]
+        spare = (("detail", folded), ("summary", folded), ("detail", idle))  # a chunk read again may displace them
+        for part, entries in (*spare, ("detail", order), ("summary", order)):
             for born, (chunk, resident) in entries:
-                if total <= self.limit or (resident and not displace and not chunk.folded):
+                if total <= self.limit or (resident and not displace and entries is order):
                     break
                 if born != keep and getattr(chunk, part) is not None:
                     setattr(chunk, part, None)
@@ -696,6 +700,7 @@ class ShardEvents:
 
     def _detail(self, c: Chunk) -> Detail:
         chunk = self.parts[c.id]
+        chunk.asked = True
         return chunk.detail or self._chunk(c).detail
 
     def clear(self) -> None:
