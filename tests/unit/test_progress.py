@@ -7,6 +7,7 @@ import threading
 from types import SimpleNamespace
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from fraudrules.engine import progress
@@ -15,8 +16,10 @@ from fraudrules.engine.messages import duration_text
 ALERT_COLUMNS = ["ruleId", "key", "transactionId", "userId", "eventTimeMs", "message"]
 
 
-def alerts(*rows: tuple) -> pd.DataFrame:
-    return pd.DataFrame(list(rows), columns=ALERT_COLUMNS).astype({"transactionId": "Int64", "userId": "Int64"})
+def alerts(*rows: tuple) -> pa.Table:
+    """A batch's alert rows, typed as the sink has them (nullable ids)."""
+    frame = pd.DataFrame(list(rows), columns=ALERT_COLUMNS).astype({"transactionId": "Int64", "userId": "Int64"})
+    return pa.Table.from_pandas(frame, preserve_index=False)
 
 
 @pytest.fixture(autouse=True)

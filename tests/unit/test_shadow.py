@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -262,7 +263,7 @@ def test_shadow_hits_leave_for_shadow_alerts_with_the_live_rule():
     engine = Engine(0)
     live = rule(1, field="COUNT_FLINK", op="GREATER", limit=0)
     out = engine.feed([tx(1, 1_000), tx(2, 2_000)], [live, shadow_copy(live)])
-    rows = shadow_rows(out, batch_id=7, now_ms=5)
+    rows = shadow_rows(pa.Table.from_pandas(out, preserve_index=False), batch_id=7, now_ms=5).to_pandas()
     assert list(rows["alertId"]) == ["101:1", "101:2"] and list(rows["shadowOf"]) == [1, 1]
     assert set(OUTBOX["shadow_alerts"].names) - set(OUTBOX["alerts"].names) == {"shadowOf"}
     assert (rows["kind"] == "WINDOW").all() and (rows["batchId"] == 7).all()
@@ -358,5 +359,5 @@ def test_a_shadow_login_detector_hits_what_the_active_one_alerts():
     active = out_active[(out_active.kind == "alert") & (out_active.ruleId == 200)]
     shadow = out[out.kind == "shadow"]
     assert list(active.details) == list(shadow.details) and list(active.userId) == list(shadow.userId)
-    rows = shadow_rows(out, batch_id=1, now_ms=0)
+    rows = shadow_rows(pa.Table.from_pandas(out, preserve_index=False), batch_id=1, now_ms=0).to_pandas()
     assert list(rows["alertId"]) == ["200:u1:4000", "200:u2:7000"] and set(rows["kind"]) == {"LOGIN_ANOMALY"}

@@ -104,20 +104,6 @@ def with_times(rows: pa.Table, times: dict[str, str]) -> pa.Table:
     return rows
 
 
-def rows(schema: pa.Schema, frame: pd.DataFrame) -> pa.Table:
-    """A table's outbox rows from pandas, column by column (NaN and NA as nulls); a column the frame lacks is
-    null. Most micro-batches have no rows for most tables: those cost nothing."""
-    if frame.empty:
-        return schema.empty_table()
-    return pa.Table.from_arrays(
-        [
-            pa.array(frame[f.name], f.type, from_pandas=True) if f.name in frame else pa.nulls(len(frame), f.type)
-            for f in schema
-        ],
-        schema=schema,
-    )
-
-
 class Outbox:
     """A query's micro-batch results waiting for Delta: one Arrow file per (batch, table), then a marker."""
 

@@ -14,13 +14,14 @@ import json
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryIdleEvent, QueryProgressEvent
@@ -106,17 +107,23 @@ def _latency(heartbeat: Mapping[str, Any]) -> str:
     return f"; ingestion→alert p50 {duration_text(p50)}, p99 {duration_text(p99)}" if p50 is not None else ""
 
 
-def alert_line(alert: Any) -> str:
+def alert_line(alert: Mapping[str, Any]) -> str:
     """One alert for the console: rule, the transaction (or user) and its event time, the message."""
-    who = f"tx {alert.transactionId}" if not pd.isna(alert.transactionId) else f"user {alert.userId}"
-    return f"  ALERT rule {alert.ruleId} · {who} at {iso_time(alert.eventTimeMs)} · {alert.message}"
+    tx = alert["transactionId"]
+    who = f"tx {tx}" if tx is not None else f"user {alert['userId']}"
+    return f"  ALERT rule {alert['ruleId']} · {who} at {iso_time(alert['eventTimeMs'])} · {alert['message']}"
 
 
-def first_per_key(alerts: pd.DataFrame) -> pd.DataFrame:
-    """The first alert of each (rule, key) in the batch, in order, with the key's number of alerts (`ofKey`): a
-    key is one line, and a burst's alerts do not hide the batch's other incidents."""
-    groups = alerts.groupby(["ruleId", "key"], sort=False, dropna=False)
-    return alerts.assign(ofKey=groups["ruleId"].transform("size").to_numpy())[groups.cumcount().to_numpy() == 0]
+def first_per_key(alerts: pa.Table) -> list[tuple[int, int]]:
+    """The first alert of each (rule, key) in the batch, in order, as (its row, the key's number of alerts): a key
+    is one line, and a burst's alerts do not hide the batch's other incidents."""
+    first: dict[tuple[Any, Any], list[int]] = {}  # (rule, key) → [first row, alerts]
+    for row, rule_key in enumerate(zip(alerts["ruleId"].to_pylist(), alerts["key"].to_pylist(), strict=True)):
+        if seen := first.get(rule_key):
+            seen[1] += 1
+        else:
+            first[rule_key] = [row, 1]
+    return [(row, count) for row, count in first.values()]
 
 
 def batch_range_text(first: int, last: int, count: int) -> str:
@@ -126,9 +133,7 @@ def batch_range_text(first: int, last: int, count: int) -> str:
     return f"batches {first}–{last}" if last - first + 1 == count else f"{count} batches of {first}–{last}"
 
 
-def batch_lines(
-    query: str, batch_id: int, heartbeat: Mapping[str, Any], alerts: pd.DataFrame, show: int = 5
-) -> list[str]:
+def batch_lines(query: str, batch_id: int, heartbeat: Mapping[str, Any], alerts: pa.Table, show: int = 5) -> list[str]:
     """A stateful micro-batch for the console (nothing when it had no alerts and no late events), counted in
     `TALLIES`: a line with its counts, latency and the batches since the last one printed (they had none), then
     the first alert of each of its first `show` (rule, key) pairs."""
@@ -141,13 +146,13 @@ def batch_lines(
     counts = f"{plural(len(alerts), 'alert')} in {inputs}" + (f", {late:,} late" if late else "")
     quiet = f" ({batch_range_text(*silent)}: no alerts)" if silent else ""
     lines = [f"[{query}] batch {batch_id}: {counts}{_latency(heartbeat)}{quiet}"]
-    keys = first_per_key(alerts) if len(alerts) else alerts
-    for a in keys.head(show).itertuples():
-        more = f" (+{a.ofKey - 1:,} more of this key)" if a.ofKey > 1 else ""
-        lines.append(alert_line(a) + more)
+    keys = first_per_key(alerts)
+    for row, of_key in keys[:show]:
+        more = f" (+{of_key - 1:,} more of this key)" if of_key > 1 else ""
+        lines.append(alert_line(alerts.slice(row, 1).to_pylist()[0]) + more)
     if len(keys) > show:
-        per_rule = alerts["ruleId"].value_counts().sort_index()
-        rules = ", ".join(f"{r}: {n:,}" for r, n in per_rule.items())
+        per_rule = sorted(Counter(alerts["ruleId"].to_pylist()).items())
+        rules = ", ".join(f"{r}: {n:,}" for r, n in per_rule)
         lines.append(f"  … {plural(len(keys) - show, 'more key')}; all {plural(len(alerts), 'alert')} by rule: {rules}")
     return lines
 

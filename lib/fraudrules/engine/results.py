@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from fraudrules.engine import outbox, progress
+from fraudrules.engine import progress
 from fraudrules.engine.committer import Committer
-from fraudrules.engine.outbox import EXACT_INTS, OUTBOX
+from fraudrules.engine.outbox import OUTBOX
 from fraudrules.engine.progress import Printer
 from fraudrules.engine.publisher import Publisher
 from fraudrules.rules.model import LOGIN_RULE
@@ -28,65 +30,93 @@ def _rule_fields(rule_json: str) -> dict:
     """Alert columns describing the rule that fired, from the rule version's JSON."""
     r = json.loads(rule_json)
     if r.get("ruleType") == LOGIN_RULE:
-        return {
+        fields = {
             "groupingKeyNames": ["userId"],
             "aggregateFieldName": "failedLogins",
             "aggregatorFunctionType": "COUNT",
             "limitOperatorType": "GREATER_EQUAL",
             "limit": str(r["minFailures"]),
-            "windowMinutes": int(r["windowMinutes"]),
         }
-    return {
-        "groupingKeyNames": r["groupingKeyNames"],
-        "aggregateFieldName": r["aggregateFieldName"],
-        "aggregatorFunctionType": r["aggregatorFunctionType"],
-        "limitOperatorType": r["limitOperatorType"],
-        "limit": str(r["limit"]),
-        "windowMinutes": int(r["windowMinutes"]),
+    else:
+        fields = {
+            "groupingKeyNames": r["groupingKeyNames"],
+            "aggregateFieldName": r["aggregateFieldName"],
+            "aggregatorFunctionType": r["aggregatorFunctionType"],
+            "limitOperatorType": r["limitOperatorType"],
+            "limit": str(r["limit"]),
+        }
+    return fields | {"windowMinutes": int(r["windowMinutes"]), "shadowOf": r.get("shadowOf")}
+
+
+def _of_kind(out: pa.Table, kind: str) -> pa.Table:
+    return out.filter(pc.equal(out["kind"], kind))
+
+
+def _table(schema: pa.Schema, columns: Mapping[str, object], rows: int) -> pa.Table:
+    """Rows of `schema` from `columns`: arrays, or one value for every row; a column missing is null."""
+    if not rows:
+        return schema.empty_table()
+
+    def column(values: object, kind: pa.DataType) -> pa.Array | pa.ChunkedArray:
+        if values is None:
+            return pa.nulls(rows, kind)
+        if isinstance(values, pa.Array | pa.ChunkedArray):
+            return values.cast(kind)
+        return pa.repeat(pa.scalar(values, kind), rows)
+
+    return pa.Table.from_arrays([column(columns.get(f.name), f.type) for f in schema], schema=schema)
+
+
+def _columns(rows: pa.Table) -> dict[str, pa.ChunkedArray]:
+    return dict(zip(rows.column_names, rows.columns, strict=True))
+
+
+def _text(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.fill_null(pc.cast(values, pa.string()), "")
+
+
+def _rule_columns(rules: pa.ChunkedArray) -> dict[str, pa.Array]:
+    """The columns of `_rule_fields` for each row, each rule version's JSON parsed once, not once per alert."""
+    codes = pc.dictionary_encode(rules.combine_chunks())
+    parsed = [_rule_fields(r) for r in codes.dictionary.to_pylist()]
+    kinds = OUTBOX["shadow_alerts"]
+    return {name: pa.array([p[name] for p in parsed], kinds.field(name).type).take(codes.indices) for name in parsed[0]}
+
+
+def alert_rows(out: pa.Table, batch_id: int, published_ms: int, kind: str = "alert") -> pa.Table:
+    """The processor's alert rows as rows of the alerts table (outbox form); with kind "shadow", the SHADOW rules'
+    hits as rows of `shadow_alerts`: alert columns plus the live rule shadowed."""
+    schema = OUTBOX["shadow_alerts" if kind == "shadow" else "alerts"]
+    a = _of_kind(out, kind)
+    if not a.num_rows:
+        return schema.empty_table()
+    login = pc.is_null(a["transactionId"])
+    rule, transaction, user = (_text(a[c]) for c in ("ruleId", "transactionId", "userId"))
+    window_id = pc.binary_join_element_wise(rule, ":", transaction, "")
+    login_id = pc.binary_join_element_wise(rule, ":u", user, ":", pc.cast(a["eventTime"], pa.string()), "")
+    derived = {
+        "alertId": pc.if_else(login, login_id, window_id),
+        "kind": pc.if_else(login, LOGIN_RULE, "WINDOW"),
+        "eventTimeMs": a["eventTime"],
+        "producedAtMs": a["producedAt"],
+        "publishedAtMs": published_ms,
+        "watermarkMs": a["watermark"],
+        "batchId": batch_id,
     }
+    return _table(schema, _columns(a) | _rule_columns(a["rule"]) | derived, a.num_rows)
 
 
-def alert_rows(out: pd.DataFrame, batch_id: int, published_ms: int, kind: str = "alert") -> pd.DataFrame:
-    """The processor's alert rows (or with kind "shadow", the SHADOW rules' hits) as rows of the alerts
-    table (outbox form)."""
-    a = out[out["kind"] == kind].reset_index(drop=True)
-    if a.empty:
-        return pd.DataFrame(columns=OUTBOX["alerts"].names)
-    codes, rules = pd.factorize(a["rule"])  # each rule version's JSON parsed once, not once per alert
-    fields = pd.DataFrame([_rule_fields(r) for r in rules]).take(codes).reset_index(drop=True)
-    login = a["transactionId"].isna()
-    rule, text = (
-        a["ruleId"].astype("string"),
-        {c: a[c].astype("string").fillna("") for c in ("transactionId", "userId")},
-    )
-    window_id = rule + ":" + text["transactionId"]
-    login_id = rule + ":u" + text["userId"] + ":" + a["eventTime"].astype("string")
-    return pd.concat([a.drop(columns=["rule"]), fields], axis=1).assign(
-        alertId=np.where(login, login_id, window_id),
-        kind=np.where(login, LOGIN_RULE, "WINDOW"),
-        eventTimeMs=a["eventTime"],
-        producedAtMs=a["producedAt"],
-        publishedAtMs=published_ms,
-        watermarkMs=a["watermark"],
-        batchId=batch_id,
-    )
-
-
-def shadow_rows(out: pd.DataFrame, batch_id: int, now_ms: int) -> pd.DataFrame:
+def shadow_rows(out: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     """The SHADOW rules' hits as rows of `shadow_alerts`: alert columns plus the live rule shadowed."""
-    shadow_of = [json.loads(r).get("shadowOf") for r in out.loc[out["kind"] == "shadow", "rule"]]
-    return alert_rows(out, batch_id, now_ms, kind="shadow").assign(shadowOf=pd.array(shadow_of, dtype="Int32"))
+    return alert_rows(out, batch_id, now_ms, kind="shadow")
 
 
-def late_rows(out: pd.DataFrame, batch_id: int, now_ms: int) -> pd.DataFrame:
-    late = out[out["kind"] == "late"]
-    return late.assign(
-        kind=np.where(late["transactionId"].isna(), "login", "transaction"),
-        eventTimeMs=late["eventTime"],
-        watermarkMs=late["watermark"],
-        detectedAtMs=now_ms,
-        batchId=batch_id,
-    )
+def late_rows(out: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
+    late = _of_kind(out, "late")
+    kind = pc.if_else(pc.is_null(late["transactionId"]), "login", "transaction")
+    changed = {"kind": kind, "eventTimeMs": late["eventTime"], "watermarkMs": late["watermark"]}
+    late_columns = _columns(late) | changed | {"detectedAtMs": now_ms, "batchId": batch_id}
+    return _table(OUTBOX["late_events"], late_columns, late.num_rows)
 
 
 def _percentiles(latency: np.ndarray) -> tuple[float | None, float | None, float | None]:
@@ -120,40 +150,39 @@ class ResultSink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         if self.committer.error is not None:
             raise RuntimeError(f"committing {self.query}'s results to Delta failed") from self.committer.error
-        out = df.toArrow().to_pandas(types_mapper=EXACT_INTS.get)  # ids stay exact integers
+        out = df.toArrow()
         published = int(time.time() * 1000)  # handed to consumers: the publisher and the console
         alerts = alert_rows(out, batch_id, published)
-        alert_table = outbox.rows(OUTBOX["alerts"], alerts)
         if self.publisher:
-            self.publisher.submit(batch_id, alert_table)
+            self.publisher.submit(batch_id, alerts)
         late = late_rows(out, batch_id, published)
-        shadow = shadow_rows(out, batch_id, published)  # SHADOW rules' hits: to Delta only, never published
-        measured = alerts["ingestionTimestamp"] > 0
-        p50, p99, pmax = _percentiles((published - alerts["ingestionTimestamp"][measured]).to_numpy(np.float64))
-        stats = [json.loads(s) for s in out.loc[out["kind"] == "stats", "details"]]
-        seen = out[out["kind"] == "rule"]
+        ingestion = alerts["ingestionTimestamp"]
+        measured = ingestion.filter(pc.greater(ingestion, 0)).to_numpy()
+        p50, p99, pmax = _percentiles((published - measured).astype(np.float64))
+        stats = [json.loads(s) for s in _of_kind(out, "stats")["details"].to_pylist()]
+        seen = _of_kind(out, "rule")
         heartbeat = {
             "query": self.query,
             "batchId": batch_id,
             "committedAtMs": published,
-            "inputRows": int(pd.to_numeric(seen["aggregate"]).sum()),
-            "alerts": len(alerts),
-            "lateEvents": len(late),
-            "watermarkMs": int(out["watermark"].max()) if len(out) and out["watermark"].notna().any() else None,
+            "inputRows": pc.sum(pc.cast(seen["aggregate"], pa.int64())).as_py() or 0,
+            "alerts": alerts.num_rows,
+            "lateEvents": late.num_rows,
+            "watermarkMs": pc.max(out["watermark"]).as_py(),
             "latencyP50Ms": p50,
             "latencyP99Ms": p99,
             "latencyMaxMs": pmax,
             **_shard_totals(stats),
         }
-        rule_seen = seen.assign(firstMs=seen["producedAt"], batchId=batch_id)
+        rule_seen = {"ruleId": seen["ruleId"], "ruleVersion": seen["ruleVersion"], "firstMs": seen["producedAt"]}
         self.committer.outbox.put(
             batch_id,
             {
-                "alerts": alert_table,
-                "shadow_alerts": outbox.rows(OUTBOX["shadow_alerts"], shadow),
-                "late_events": outbox.rows(OUTBOX["late_events"], late),
-                "batches": outbox.rows(OUTBOX["batches"], pd.DataFrame([heartbeat])),
-                "rule_seen": outbox.rows(OUTBOX["rule_seen"], rule_seen),
+                "alerts": alerts,
+                "shadow_alerts": shadow_rows(out, batch_id, published),  # to Delta only, never published
+                "late_events": late,
+                "batches": pa.Table.from_pylist([heartbeat], schema=OUTBOX["batches"]),
+                "rule_seen": _table(OUTBOX["rule_seen"], rule_seen | {"batchId": batch_id}, seen.num_rows),
             },
         )
         self.committer.wake.set()
