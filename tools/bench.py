@@ -377,6 +377,8 @@ class KafkaRun:
     memory: str = "?"
     error: str | None = None
     preloaded: str | None = None  # with --preload-hours: what the job held before the live input, and its drain
+    driver_ms: float | None = None  # CPU of the job's driver process (its Python) per micro-batch in the window
+    batches: int = 0  # evaluate micro-batches committed in the window
 
     @property
     def p99(self) -> float | None:
@@ -403,6 +405,11 @@ class KafkaRun:
         lines.append(check)
         if self.preloaded:
             lines.append(f"  on long-lived state: {self.preloaded}")
+        if self.driver_ms is not None:
+            lines.append(
+                f"  the driver's Python (sinks, publisher, committers): {self.driver_ms:,.0f} ms of CPU per micro-batch"
+                f" ({self.batches:,} micro-batches in the window)"
+            )
         if self.stages and len(self.latencies):
             split = ", ".join(
                 f"→ {name} {np.percentile(ms, 50):,.0f} / {np.percentile(ms, 99):,.0f}"
@@ -509,7 +516,11 @@ def kafka_run(
             raise TimeoutError(f"the job evaluated no transaction in {STARTUP_S} s (log {log_path})")
         since = int(time.time() * 1000 + warmup * 1000)
         until = since + int(seconds * 1000)
+        _watch(child, log_path, tail, since / 1000)
+        first_cpu, first_batch = _driver_cpu(child.pid), _last_batch(checkpoint)
         _watch(child, log_path, tail, until / 1000)
+        batches = _last_batch(checkpoint) - first_batch
+        driver_ms = (_driver_cpu(child.pid) - first_cpu) * 1000 / batches if batches > 0 else None
         writer.stop()
         writer.join()
         sent = sum(end_offsets(bootstrap, topics["transactions"]).values())
@@ -543,6 +554,8 @@ def kafka_run(
         behind=behind,
         memory=peak,
         preloaded=preloaded,
+        driver_ms=driver_ms,
+        batches=batches,
     )
 
 
@@ -618,6 +631,12 @@ def _watch(child, log_path: str, tail, deadline: float, until=lambda: False) -> 
             return True
         time.sleep(0.2)
     return until()
+
+
+def _driver_cpu(pid: int) -> float:
+    """CPU seconds the job's driver process has used: its Python (the sinks, the publisher and the committers), not
+    the JVM or the Python workers."""
+    return cpu_profile.process_tree(pid).get(pid, 0.0)
 
 
 def _last_batch(checkpoint: str) -> int:

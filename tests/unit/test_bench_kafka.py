@@ -35,6 +35,15 @@ def test_a_run_prints_its_percentiles_memory_and_the_delta_check():
     )
 
 
+def test_a_run_names_the_driver_cpu_per_micro_batch_when_measured():
+    assert not any("driver" in line for line in run(1_000, [300.0]).lines())
+    lines = run(1_000, [300.0], driver_ms=22.6, batches=171).lines()
+    assert lines[-1] == (
+        "  the driver's Python (sinks, publisher, committers): 23 ms of CPU per micro-batch (171 micro-batches in the "
+        "window)"
+    )
+
+
 def test_a_run_without_alerts_or_behind_says_so():
     quiet = run(200, [], in_delta=None).lines()
     assert "0 alerts measured" in quiet[0] and "no alerts" in quiet[0]
