@@ -407,8 +407,8 @@ class KafkaRun:
             lines.append(f"  on long-lived state: {self.preloaded}")
         if self.driver_ms is not None:
             lines.append(
-                f"  the driver's Python (sinks, publisher, committers): {self.driver_ms:,.0f} ms of CPU per micro-batch"
-                f" ({self.batches:,} micro-batches in the window)"
+                f"  the driver's Python (sinks, publisher, committers): {self.driver_ms * self.batches / 1000:,.1f} s "
+                f"of CPU in the window, {self.driver_ms:,.0f} ms per micro-batch ({self.batches:,} micro-batches)"
             )
         if self.stages and len(self.latencies):
             split = ", ".join(

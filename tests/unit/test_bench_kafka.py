@@ -39,8 +39,8 @@ def test_a_run_names_the_driver_cpu_per_micro_batch_when_measured():
     assert not any("driver" in line for line in run(1_000, [300.0]).lines())
     lines = run(1_000, [300.0], driver_ms=22.6, batches=171).lines()
     assert lines[-1] == (
-        "  the driver's Python (sinks, publisher, committers): 23 ms of CPU per micro-batch (171 micro-batches in the "
-        "window)"
+        "  the driver's Python (sinks, publisher, committers): 3.9 s of CPU in the window, 23 ms per micro-batch "
+        "(171 micro-batches)"
     )
 
 
