@@ -22,7 +22,7 @@ from fraudrules.engine import job, state
 from fraudrules.engine.messages import plural
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
-from fraudrules.tables import number_text
+from fraudrules.tables import number_text, per_distinct
 
 ALERT_FIELDS = (
     "alertId",
@@ -189,6 +189,4 @@ def _json_values(column: pa.ChunkedArray, name: str) -> pa.Array | pa.ChunkedArr
 
 def _distinct_json(column: pa.ChunkedArray, encode: Callable[[object], str]) -> pa.Array:
     """`encode` (a value → its JSON text) applied once per distinct value; nulls as `null`."""
-    codes = pc.dictionary_encode(column.combine_chunks())
-    texts = pa.array([encode(v) for v in codes.dictionary.to_pylist()], pa.string())
-    return pc.fill_null(pc.take(texts, codes.indices), "null")
+    return pc.fill_null(per_distinct(column, encode, pa.string()), "null")

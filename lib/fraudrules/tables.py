@@ -9,7 +9,7 @@ import re
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
@@ -477,6 +477,12 @@ def to_json_line(record: dict) -> str:
 def number_text(v: Decimal) -> str:
     """A Decimal as an exact JSON number: no exponent, no trailing zeros."""
     return format(v.normalize(), "f") if v != 0 else "0"
+
+
+def per_distinct(column: pa.ChunkedArray, f: Callable[[object], object], type_: pa.DataType) -> pa.Array:
+    """`f` of each row's value, called once per distinct value, not once per row; nulls stay null."""
+    codes = pc.dictionary_encode(column.combine_chunks())
+    return pa.array([f(v) for v in codes.dictionary.to_pylist()], type_).take(codes.indices)
 
 
 def exact_number(v: Decimal) -> str:

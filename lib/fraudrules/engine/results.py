@@ -24,6 +24,7 @@ from fraudrules.engine.outbox import OUTBOX
 from fraudrules.engine.progress import Printer
 from fraudrules.engine.publisher import Publisher
 from fraudrules.rules.model import LOGIN_RULE
+from fraudrules.tables import per_distinct
 
 
 def _rule_fields(rule_json: str) -> dict:
@@ -48,6 +49,11 @@ def _rule_fields(rule_json: str) -> dict:
     return fields | {"windowMinutes": int(r["windowMinutes"]), "shadowOf": r.get("shadowOf")}
 
 
+# The alert columns of `_rule_fields`, typed as the outbox types them.
+_RULE_COLS = "groupingKeyNames aggregateFieldName aggregatorFunctionType limitOperatorType limit windowMinutes shadowOf"
+_RULE_FIELDS = pa.struct(OUTBOX["shadow_alerts"].field(name) for name in _RULE_COLS.split())
+
+
 def _of_kind(out: pa.Table, kind: str) -> pa.Table:
     return out.filter(pc.equal(out["kind"], kind))
 
@@ -57,12 +63,12 @@ def _table(schema: pa.Schema, columns: Mapping[str, object], rows: int) -> pa.Ta
     if not rows:
         return schema.empty_table()
 
-    def column(values: object, kind: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    def column(values: object, type_: pa.DataType) -> pa.Array | pa.ChunkedArray:
         if values is None:
-            return pa.nulls(rows, kind)
+            return pa.nulls(rows, type_)
         if isinstance(values, pa.Array | pa.ChunkedArray):
-            return values.cast(kind)
-        return pa.repeat(pa.scalar(values, kind), rows)
+            return values.cast(type_)
+        return pa.repeat(pa.scalar(values, type_), rows)
 
     return pa.Table.from_arrays([column(columns.get(f.name), f.type) for f in schema], schema=schema)
 
@@ -77,10 +83,8 @@ def _text(values: pa.ChunkedArray) -> pa.ChunkedArray:
 
 def _rule_columns(rules: pa.ChunkedArray) -> dict[str, pa.Array]:
     """The columns of `_rule_fields` for each row, each rule version's JSON parsed once, not once per alert."""
-    codes = pc.dictionary_encode(rules.combine_chunks())
-    parsed = [_rule_fields(r) for r in codes.dictionary.to_pylist()]
-    kinds = OUTBOX["shadow_alerts"]
-    return {name: pa.array([p[name] for p in parsed], kinds.field(name).type).take(codes.indices) for name in parsed[0]}
+    fields = per_distinct(rules, _rule_fields, _RULE_FIELDS)
+    return dict(zip((f.name for f in _RULE_FIELDS), fields.flatten(), strict=True))
 
 
 def alert_rows(out: pa.Table, batch_id: int, published_ms: int, kind: str = "alert") -> pa.Table:
@@ -88,8 +92,6 @@ def alert_rows(out: pa.Table, batch_id: int, published_ms: int, kind: str = "ale
     hits as rows of `shadow_alerts`: alert columns plus the live rule shadowed."""
     schema = OUTBOX["shadow_alerts" if kind == "shadow" else "alerts"]
     a = _of_kind(out, kind)
-    if not a.num_rows:
-        return schema.empty_table()
     login = pc.is_null(a["transactionId"])
     rule, transaction, user = (_text(a[c]) for c in ("ruleId", "transactionId", "userId"))
     window_id = pc.binary_join_element_wise(rule, ":", transaction, "")
