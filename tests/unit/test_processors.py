@@ -18,6 +18,7 @@ from fraudrules.engine import state as shard_state
 from fraudrules.engine.evaluation import LATE_REASON
 from fraudrules.engine.logins import decode_sequences
 from fraudrules.engine.processors import Detectors
+from fraudrules.engine.shard_values import LEGACY, VALUE, ShardValues
 from fraudrules.rules.model import parse_rule
 from tests.support.harness import (
     RuleStream,
@@ -67,8 +68,12 @@ def retained(t: TwsTester) -> list[int]:
     return sorted(x for blob in chunks.values() for x in shard_state.decode(bytes(blob[0])).t.tolist())
 
 
+def values(t: TwsTester, shard: int = SHARD) -> ShardValues:
+    return ShardValues.of(t.peekValueState(VALUE, shard))
+
+
 def meta(t: TwsTester) -> shard_state.Meta:
-    return shard_state.Meta.from_json(t.peekValueState("meta", SHARD)[0])
+    return shard_state.Meta.from_json(values(t).meta)
 
 
 # ------------------------------------------------------------------ the window rules
@@ -91,7 +96,7 @@ def test_rules_processor_keeps_a_shards_rules_and_events_between_batches(tmp_pat
     m = meta(t)
     assert m.next_seq == 3 and len(m.chunks) == 2  # one chunk appended per micro-batch
     assert m.clock == 2_000  # the newest transaction time: the next batch's watermark is this minus the lateness
-    rules = json.loads(t.peekValueState("rules", SHARD)[0])
+    rules = json.loads(values(t).rules)
     assert rules["rules"]["1"][1] == "ACTIVE"
 
 
@@ -162,7 +167,7 @@ def test_rules_processor_prunes_at_every_batch_to_its_own_watermark(tmp_path, mo
     assert retained(t) == [1_000, 100_000]
     t.testInPandas(SHARD, rows(stream, [tx(3, 125_000, payee=3)], 2))  # watermark 65,000 next: 1,000 is gone
     assert retained(t) == [100_000, 125_000] and len(meta(t).chunks) == 2
-    assert t.peekValueState("rules", SHARD) is not None  # the rules stay: they are not window state
+    assert values(t).rules is not None  # the rules stay: they are not window state
 
 
 def test_rules_processor_reports_late_rows_and_does_not_evaluate_them(tmp_path, monkeypatch):
@@ -185,7 +190,7 @@ def test_rules_processor_clear_state_all_starts_the_windows_afresh(tmp_path, mon
     out = t.testInPandas(SHARD, rows(stream, [tx(2, 2_000)], 1, [clear]))
     assert "alert" not in kinds(out)
     assert retained(t) == [2_000]
-    assert json.loads(t.peekValueState("rules", SHARD)[0])["epoch"] == 1
+    assert json.loads(values(t).rules)["epoch"] == 1
 
 
 def test_rules_processor_rule_change_arrives_with_the_events_it_applies_to(tmp_path, monkeypatch):
@@ -217,8 +222,8 @@ def login_rows(stream: RuleStream, batch: list[dict], batch_no: int, rules=(), t
 
 
 def sequences(t: TwsTester, shard: int = SHARD) -> dict:
-    blob = t.peekValueState("login_sequences", shard)
-    return {k: s.ips for k, s in decode_sequences(bytes(blob[0])).items()} if blob else {}
+    blob = values(t, shard).login_sequences
+    return {k: s.ips for k, s in decode_sequences(blob).items()} if blob else {}
 
 
 def test_login_detector_alerts_across_batches_and_closes_the_sequence(tmp_path, monkeypatch):
@@ -227,31 +232,85 @@ def test_login_detector_alerts_across_batches_and_closes_the_sequence(tmp_path, 
     t.testInPandas(
         SHARD, login_rows(stream, [login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)], 0, [login_rule()])
     )
-    assert sequences(t) == {(1, 1): ["a", "b"]} and t.peekValueState("login_clock", SHARD) == (2_000,)
+    assert sequences(t) == {(1, 1): ["a", "b"]} and values(t).login_clock == 2_000
     out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 1))
     alert = out[out["kind"] == "alert"]
     assert list(alert["userId"]) == [1] and list(alert["ingestionTimestamp"]) == [LOGINS_INGESTED]
-    assert t.peekValueState("login_sequences", SHARD) is None and t.peekValueState("login_clock", SHARD) == (4_000,)
+    assert values(t).login_sequences is None and values(t).login_clock == 4_000
     stats = json.loads(out[out["kind"] == "stats"]["details"].iloc[0])
     assert stats["logins"] == 2 and stats["transactions"] == 0
 
 
-def test_a_batch_without_login_events_or_rule_changes_leaves_the_login_state_alone(tmp_path, monkeypatch):
-    """Nothing of the login detector's state can change then (its clock, and so what expires, moves with its own
-    events): it makes no state call, and the open sequence is there for the events that complete it."""
+def test_a_batch_reads_and_writes_the_shard_value_once_and_an_idle_login_detector_leaves_its_fields(
+    tmp_path, monkeypatch
+):
+    """One round trip reads both detectors' small state and one writes it, whatever the batch holds. Without login
+    events or rule changes nothing of the login detector can change (its clock, and so what expires, moves with its
+    own events): its fields are written back as they were, and the open sequence is there for the events that
+    complete it."""
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
     t, stream = both("idle-logins"), RuleStream()
     t.testInPandas(
         SHARD, login_rows(stream, [login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)], 0, [login_rule()])
     )
-    detector, calls = t.processor.logins, []
-    for state in (detector.rules, detector.sequences, detector.clock):
-        monkeypatch.setattr(state, "get", lambda get=state.get: calls.append(get) or get())
+    before, state, calls = values(t), t.processor.state.value, []
+    for name in ("get", "update", "clear"):
+        call = getattr(state, name)
+        monkeypatch.setattr(state, name, lambda *a, call=call, name=name: calls.append(name) or call(*a))
     t.testInPandas(SHARD, detector_frame(tx_rows([tx(1, 3_000)], 1)))  # transactions alone
-    assert calls == []
-    assert sequences(t) == {(1, 1): ["a", "b"]}
+    assert calls == ["get", "update"]
+    after = values(t)
+    assert (after.login_rules, after.login_sequences, after.login_clock) == (
+        before.login_rules,
+        before.login_sequences,
+        before.login_clock,
+    )
+    assert meta(t).clock == 3_000 and sequences(t) == {(1, 1): ["a", "b"]}
     out = t.testInPandas(SHARD, login_rows(stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 2))
     assert list(out.loc[out["kind"] == "alert", "userId"]) == [1]
+
+
+def test_a_shard_of_state_layout_1_goes_on_from_its_six_variables_moved_into_the_value(tmp_path, monkeypatch):
+    """A checkpoint of the earlier layout keeps the value's six fields as six variables of their own: with `legacy`
+    the shard's first batch reads them once, clears them, and goes on from them (and the chunks) exactly as the
+    shard that wrote them does."""
+    monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path))
+    stream, count = RuleStream(), rule(5, field="COUNT_FLINK", op="GREATER_EQUAL", limit="2", window=1)
+    fails = [login(1, "FAIL", "a", 1_000), login(1, "FAIL", "b", 2_000)]
+    first = login_rows(stream, fails, 0, [login_rule(), count], transactions=[tx(1, 1_500)])
+    then = login_rows(
+        stream, [login(1, "FAIL", "c", 3_000), login(1, "SUCCESS", "z", 4_000)], 1, transactions=[tx(2, 2_500)]
+    )
+    writer = both("layout-1-writer")
+    writer.testInPandas(SHARD, first)
+    shard_state._CACHES.clear()  # the chunks come from the map state, as on a restarted cluster
+    reader = in_memory(
+        Detectors(lateness_ms=MIN, labels=[SHARD], namespace="layout-1-reader", detect_logins=True, legacy=True)
+    )
+    written = values(writer)
+    for name, value in zip(LEGACY, written.row(), strict=True):
+        reader.updateValueState(name, SHARD, (value,))
+    reader.updateMapState("chunks", SHARD, writer.peekMapState("chunks", SHARD))
+
+    expected, got = (t.testInPandas(SHARD, then) for t in (writer, reader))
+    alerts = [
+        sorted(map(str, out.loc[out["kind"] == "alert", ["transactionId", "userId"]].to_numpy().tolist()))
+        for out in (expected, got)
+    ]
+    assert alerts[0] == alerts[1] and len(alerts[0]) == 2  # the COUNT rule on transaction 2, the login anomaly
+    assert [reader.peekValueState(name, SHARD) for name in LEGACY] == [None] * len(LEGACY)
+    moved, kept = values(reader), values(writer)
+    catalogs = [shard_state.Meta.from_json(v.meta) for v in (moved, kept)]
+    assert [[(c.id, c.n, c.spans) for c in m.chunks] for m in catalogs] == [
+        [(c.id, c.n, c.spans) for c in catalogs[1].chunks]
+    ] * 2
+    assert (moved.rules, moved.resets, moved.login_rules, moved.login_sequences, moved.login_clock) == (
+        kept.rules,
+        kept.resets,
+        kept.login_rules,
+        kept.login_sequences,
+        kept.login_clock,
+    )
 
 
 def test_login_alerts_keep_64_bit_user_ids_exact(tmp_path, monkeypatch):
@@ -295,7 +354,7 @@ def test_each_detector_keeps_its_own_watermark(tmp_path, monkeypatch):
     assert list(out[out["kind"] == "alert"]["transactionId"]) == [2]  # tx 1 and 2 in the window: not late
     late = out[out["kind"] == "late"]
     assert list(late["userId"]) == [2] and list(late["watermark"]) == [hour - MIN]
-    assert meta(t).clock == 2_000 and t.peekValueState("login_clock", SHARD) == (hour,)
+    assert meta(t).clock == 2_000 and values(t).login_clock == hour
 
 
 def test_a_shard_keeps_its_own_users_sequences_and_every_logins_time(tmp_path, monkeypatch):
@@ -306,4 +365,4 @@ def test_a_shard_keeps_its_own_users_sequences_and_every_logins_time(tmp_path, m
     t.testInPandas(SHARD, login_rows(stream, batch, 0, [login_rule()]))
     t.testInPandas(other, login_rows(RuleStream(), batch, 0, [login_rule()]))
     assert set(sequences(t, SHARD)) == {(1, 2)} and set(sequences(t, other)) == {(1, 1), (1, 3)}
-    assert t.peekValueState("login_clock", SHARD) == t.peekValueState("login_clock", other) == (90_000,)
+    assert values(t).login_clock == values(t, other).login_clock == 90_000

@@ -35,6 +35,7 @@ from fraudrules.engine.processors import Detectors
 from fraudrules.engine.progress import STATEFUL, Printer, say
 from fraudrules.engine.results import ResultSink
 from fraudrules.engine.rule_changes import RuleChangeSink
+from fraudrules.engine.shard_values import Layout
 from fraudrules.engine.sources import raw_logins, raw_transactions, rule_changes
 from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
@@ -61,6 +62,7 @@ def evaluate(spark: SparkSession, cfg: JobConfig) -> DataFrame:
         schema=schema,
         state_memory_mb=cfg.state_memory_mb,
         detect_logins=cfg.logins,
+        legacy=Layout(cfg.checkpoint(EVALUATE_QUERY)).legacy(spark),
     )
     logins = raw_logins(spark, cfg, EVALUATE_QUERY, ledger="login_lines") if cfg.logins else None
     rows = inputs.detector_input(spark, cfg, raw_transactions(spark, cfg, EVALUATE_QUERY), logins, labels, schema)

@@ -11,11 +11,11 @@ the watermark that the next batch runs with: what no window can reach any more, 
 event can join any more. That is what Flink's per-key cleanup timers do for keys that get no events; here a
 shard's keys are pruned together, and no timer is needed.
 
-Python state calls cost a socket round trip each. The window rules keep their rules (one value), their chunk
-catalog with the clock (one value), COUNT_WITH_RESET bookkeeping (one value) and their events as chunks in a map
-(one entry written per batch, see `state`). The login detector keeps its rules, its open sequences (one value,
-small: sequences last minutes) and its clock, each written only when it changed, and read only in a micro-batch
-with login events or rule changes (in any other, nothing of it can change).
+Python state calls cost a socket round trip each, and Spark calls `init`, where each state variable is registered
+(another round trip, in which the JVM builds its encoders), in every task. A shard therefore keeps two variables:
+one value for both detectors (`shard_values`: the window rules' rules, chunk catalog with their clock and
+COUNT_WITH_RESET bookkeeping; the login detector's rules, open sequences and clock), read once and written once per
+micro-batch, and the window rules' events as chunks in a map (one entry written per batch, see `state`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import TimerValues
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from fraudrules.engine import logins
 from fraudrules.engine.evaluation import Batch, Timings, stats_row, step, typed
@@ -36,13 +36,12 @@ from fraudrules.engine.inputs import LOGIN_FIELDS, login_column
 from fraudrules.engine.logins import decode_sequences, encode_sequences
 from fraudrules.engine.pyspark_compat import VectorizedInput
 from fraudrules.engine.ruleset import RuleSet
+from fraudrules.engine.shard_values import ShardState, ShardValues
 from fraudrules.engine.state import BUDGET, STATE_MEMORY_MB, Meta, Resets, ShardEvents, cache_for
 from fraudrules.event_schema import DEFAULT, SOURCE_COLUMNS, EventSchema
 
-TEXT = StructType([StructField("text", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
 CHUNK_ID = StructType([StructField("id", LongType())])
-CLOCK = StructType([StructField("clock", LongType())])
 LOGIN_TYPE = login_column("eventType")  # non-null exactly on login events
 LOGIN_NAMES = {login_column(n): n for n in LOGIN_FIELDS}  # the login step reads the fields by their own names
 
@@ -71,26 +70,20 @@ class MapBackend:
 
 
 class WindowRules:
-    """The window rules' state of one shard: rules, catalog (with the detector's clock), reset bookkeeping and
-    chunks."""
+    """The window rules of one shard: rules, catalog (with the detector's clock) and reset bookkeeping in the shard's
+    value, events as chunks in a map."""
 
     def __init__(self, handle: StatefulProcessorHandle, schema: EventSchema, lateness_ms: int, namespace: str):
         self.schema, self.lateness_ms, self.namespace = schema, lateness_ms, namespace
-        self.rules = handle.getValueState("rules", TEXT)
-        self.meta = handle.getValueState("meta", TEXT)
-        self.resets = handle.getValueState("resets", BLOB)
         self.backend = MapBackend(handle.getMapState("chunks", CHUNK_ID, BLOB))
 
     def process(
-        self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int, timings: Timings
+        self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int, values: ShardValues, timings: Timings
     ) -> tuple[pd.DataFrame, ShardEvents, dict[str, int]]:
-        """A batch's transactions and rule changes: (output rows, the shard's events, counts)."""
-        rules, meta, row = self.rules.get(), self.meta.get(), self.resets.get()
-        rule_set = RuleSet.from_json(rules[0] if rules else None, self.schema)
-        catalog = Meta.from_json(meta[0] if meta else None)
-        resets = Resets.decode(bytes(row[0]) if row else None)
+        """A batch's transactions and rule changes: (output rows, the shard's events, counts); `values` updated."""
+        rule_set = RuleSet.from_json(values.rules, self.schema)
+        catalog, resets = Meta.from_json(values.meta), Resets.decode(values.resets)
         store = ShardEvents(catalog, resets, self.backend, cache_for(self.namespace, shard))
-        timings.lap("state_calls")
         watermark = watermark_of(catalog.clock, self.lateness_ms)
         batch = Batch(events, changes)
         result = step(
@@ -99,62 +92,55 @@ class WindowRules:
         if len(events):
             catalog.clock = max(catalog.clock, int(events["eventTime"].max()))
         if result.rules_changed:
-            self.rules.update((rule_set.to_json(),))
+            values.rules = rule_set.to_json()
         if store.resets is not resets:
-            self.resets.update((store.resets.encode(),))
+            values.resets = store.resets.encode()
         catalog.token = uuid.uuid4().hex
-        self.meta.update((catalog.to_json(),))
+        values.meta = catalog.to_json()
         store.cache.retain(catalog.chunks)
         timings.lap("state_calls")
         return result.output, store, result.counts
 
 
 class LoginDetector:
-    """The login detector's state of one shard: its rules, open sequences and clock."""
+    """The login detector of one shard: its rules, open sequences and clock in the shard's value."""
 
-    def __init__(self, handle: StatefulProcessorHandle, lateness_ms: int):
+    def __init__(self, lateness_ms: int):
         self.lateness_ms = lateness_ms
-        self.rules = handle.getValueState("login_rules", TEXT)
-        self.sequences = handle.getValueState("login_sequences", BLOB)
-        self.clock = handle.getValueState("login_clock", CLOCK)
 
-    def process(self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int) -> pd.DataFrame:
+    def process(
+        self, events: pd.DataFrame, changes: list[dict], shard: int, shards: int, values: ShardValues
+    ) -> pd.DataFrame:
         """A batch's login events (all shards' ones: each sees every event time) and rule changes: the output rows
-        of this shard's users."""
-        if events.empty and not changes:  # the clock, so what expires, moves with events: nothing to do, no state call
+        of this shard's users; `values` updated."""
+        if events.empty and not changes:  # the clock, so what expires, moves with events: nothing to do
             return pd.DataFrame()
-        rules, blob, clock = self.rules.get(), self.sequences.get(), self.clock.get()
-        rule_set = RuleSet.from_json(rules[0] if rules else None)
-        before, saved = rule_set.to_json(), bytes(blob[0]) if blob else None
-        newest = int(clock[0]) if clock else -1
+        rule_set = RuleSet.from_json(values.login_rules)
+        newest = values.login_clock if values.login_clock is not None else -1
         watermark = watermark_of(newest, self.lateness_ms)
         mine = events[events[login_column("userId")].to_numpy(np.int64) % shards == shard]
         mine = mine[[*LOGIN_NAMES, *SOURCE_COLUMNS]].rename(columns=LOGIN_NAMES)  # not the transactions' columns
         if len(events):
             newest = max(newest, int(events[login_column("eventTimestamp")].max()))
-            self.clock.update((newest,))
+            values.login_clock = newest
         # open sequences that no event at or after the next batch's watermark can join go now
         out, state = logins.step(
             Batch(mine, changes),
             rule_set,
-            decode_sequences(saved),
+            decode_sequences(values.login_sequences),
             watermark,
             shard,
             expire_at=watermark_of(newest, self.lateness_ms),
         )
-        if (text := rule_set.to_json()) != before:
-            self.rules.update((text,))
-        blob = encode_sequences(state) if state else None
-        if blob is None and saved is not None:
-            self.sequences.clear()
-        elif blob != saved:
-            self.sequences.update((blob,))
+        values.login_rules = rule_set.to_json()
+        values.login_sequences = encode_sequences(state) if state else None
         return out
 
 
 class Detectors(VectorizedInput, StatefulProcessor):
     """The window rules over events of the declared `schema` and, with `detect_logins`, the login detector, on
-    transformWithStateInPandas; `namespace` names the shard caches of one checkpoint."""
+    transformWithStateInPandas; `namespace` names the shard caches of one checkpoint; `legacy`: the checkpoint may
+    hold state of layout 1 (`shard_values`)."""
 
     def __init__(
         self,
@@ -164,19 +150,21 @@ class Detectors(VectorizedInput, StatefulProcessor):
         schema: EventSchema = DEFAULT,
         state_memory_mb: int = STATE_MEMORY_MB,
         detect_logins: bool = False,
+        legacy: bool = False,
     ):
         self.lateness_ms = lateness_ms
         self.index = {label: i for i, label in enumerate(labels)}
         self.namespace, self.schema, self.state_memory_mb = namespace, schema, state_memory_mb
-        self.detect_logins = detect_logins
+        self.detect_logins, self.legacy = detect_logins, legacy
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         started = time.perf_counter()
+        self.state = ShardState(handle, self.legacy)
         self.window = WindowRules(handle, self.schema, self.lateness_ms, self.namespace)
-        self.logins = LoginDetector(handle, self.lateness_ms) if self.detect_logins else None
+        self.logins = LoginDetector(self.lateness_ms) if self.detect_logins else None
         BUDGET.limit = self.state_memory_mb << 20  # one budget for the worker's shards
         # Spark calls init in every task, so every micro-batch: registering a state variable is a round trip in
-        # which the JVM also builds its encoders (3-9 ms each here). Reported as the stage "init" of the first
+        # which the JVM also builds its encoders (5-10 ms each here). Reported as the stage "init" of the first
         # shard of the task.
         self.init_ms = (time.perf_counter() - started) * 1000
 
@@ -186,16 +174,20 @@ class Detectors(VectorizedInput, StatefulProcessor):
         shard, shards = self.index[int(key[0])], len(self.index)
         batch = Batch.of(pd.concat(list(rows), ignore_index=True))  # includes Arrow → pandas of the input
         timings.lap("input")
+        values = self.state.get()
+        timings.lap("state_calls")
         if self.logins is None:
-            out, store, counts = self.window.process(batch.events, batch.rule_changes, shard, shards, timings)
+            out, store, counts = self.window.process(batch.events, batch.rule_changes, shard, shards, values, timings)
             found = pd.DataFrame()
         else:
             is_login = batch.events[LOGIN_TYPE].notna().to_numpy()
             transactions, login_events = batch.events[~is_login], batch.events[is_login]
-            out, store, counts = self.window.process(transactions, batch.rule_changes, shard, shards, timings)
-            found = self.logins.process(login_events, batch.rule_changes, shard, shards)
+            out, store, counts = self.window.process(transactions, batch.rule_changes, shard, shards, values, timings)
+            found = self.logins.process(login_events, batch.rule_changes, shard, shards, values)
             counts = {**counts, "logins": len(login_events)}
             timings.lap("logins")
+        self.state.put(values)
+        timings.lap("state_calls")
         yield typed(out, found, stats_row(shard, store, counts, timings))
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from fraudrules.engine.inputs import numeric, shard_labels
 from fraudrules.engine.logins import decode_sequences
 from fraudrules.engine.processors import watermark_of
 from fraudrules.engine.ruleset import RuleSet
+from fraudrules.engine.shard_values import VALUE, read_state
 from fraudrules.engine.state import Bounds, Meta, Resets, decode
 from fraudrules.engine.windowing import FIELDS
 
@@ -53,11 +54,7 @@ def committed(cfg: JobConfig, query: str, batch_id: int) -> CommittedBatch:
 def raw(
     spark: SparkSession, cfg: JobConfig, var: str = "chunks", batch_id: int | None = None, query: str = EVALUATE_QUERY
 ) -> DataFrame:
-    spark.streams.active  # noqa: B018 - starts the state store coordinator the RocksDB reader reports to
-    reader = spark.read.format("statestore").option("path", cfg.checkpoint(query)).option("stateVarName", var)
-    if batch_id is not None:
-        reader = reader.option("batchId", str(batch_id))
-    return reader.load()
+    return read_state(spark, cfg.checkpoint(query), var, batch_id)
 
 
 def _index(cfg: JobConfig) -> dict[int, int]:
@@ -65,10 +62,17 @@ def _index(cfg: JobConfig) -> dict[int, int]:
     return {label: i for i, label in enumerate(shard_labels(cfg.shards, cfg.shuffle_partitions))}
 
 
-def _values(spark: SparkSession, cfg: JobConfig, var: str, batch_id: int) -> dict[int, object]:
-    """A value state variable of the evaluate query, per shard number."""
+def _labelled(spark: SparkSession, cfg: JobConfig, field: str, batch_id: int | None) -> list[tuple[int, object]]:
+    """A field of the shards' value (`shard_values`) in the evaluate query's state: (grouping label, value) where
+    set."""
+    rows = raw(spark, cfg, VALUE, batch_id).select("key.shard", f"value.{field}").collect()
+    return [(int(label), value) for label, value in rows if value is not None]
+
+
+def _values(spark: SparkSession, cfg: JobConfig, field: str, batch_id: int) -> dict[int, object]:
+    """A field of the shards' value, per shard number where set."""
     index = _index(cfg)
-    return {index[int(r.key.shard)]: r.value[0] for r in raw(spark, cfg, var, batch_id).collect()}
+    return {index[label]: value for label, value in _labelled(spark, cfg, field, batch_id)}
 
 
 def watermarks(spark: SparkSession, cfg: JobConfig, batch_id: int, detector: str = "window") -> dict[int, int]:
@@ -159,9 +163,7 @@ def login_sequences(spark: SparkSession, cfg: JobConfig, batch_id: int | None = 
     """Open login sequences of the login detector (as of a committed batch, default the newest): (shard, ruleId,
     userId, start, failedIps)."""
     rows = []
-    for row in raw(spark, cfg, "login_sequences", batch_id).collect():
-        for (rule, user), seq in decode_sequences(bytes(row.value.blob)).items():
-            rows.append(
-                {"shard": int(row.key.shard), "ruleId": rule, "userId": user, "start": seq.start, "failedIps": seq.ips}
-            )
+    for label, blob in _labelled(spark, cfg, "login_sequences", batch_id):
+        for (rule, user), seq in decode_sequences(bytes(blob)).items():
+            rows.append({"shard": label, "ruleId": rule, "userId": user, "start": seq.start, "failedIps": seq.ips})
     return pd.DataFrame(rows, columns=["shard", "ruleId", "userId", "start", "failedIps"])
