@@ -6,8 +6,8 @@ is a round trip in which the JVM builds its encoders. The window rules' rules, c
 COUNT_WITH_RESET bookkeeping and the login detector's rules, open sequences and clock are therefore the fields of
 one value, `shard`; the chunks stay in their map (`processors.MapBackend`), one entry written per micro-batch.
 
-Checkpoints of the layout before (1) keep the six fields as six state variables (`LEGACY`). They are migrated by
-the job's first micro-batch: every shard gets every micro-batch's rows, and a shard without the value reads the six
+Checkpoints of the layout before, layout 1, keep the six fields as six state variables (`LEGACY`). The job's first
+micro-batch migrates them: every shard gets every micro-batch's rows, and a shard without the value reads the six
 once, clears them, and writes the value. A start registers the six too (`Layout.legacy`) while any of them still
 holds a value at the last committed batch; the start after that finds none, drops them and marks the checkpoint
 (`LAYOUT_FILE`), and later starts read only that mark.
