@@ -426,7 +426,7 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
 
-def _batches(fs: pafs.FileSystem, root: str, log: str) -> list[int]:
+def logged_batches(fs: pafs.FileSystem, root: str, log: str) -> list[int]:
     """The batch ids in a checkpoint's `offsets` or `commits` log, newest first."""
     logged = fs.get_file_info(pafs.FileSelector(f"{root}/{log}", allow_not_found=True))
     return sorted((int(i.base_name) for i in logged if i.base_name.isdigit()), reverse=True)
@@ -443,7 +443,7 @@ def committed(checkpoint: str) -> Position:
     offset in the checkpoint's offset log. The query's first source of this kind: the evaluation reads the
     transactions before the login events."""
     fs, root = open_fs(checkpoint)
-    for batch in _batches(fs, root, "commits")[:1]:
+    for batch in logged_batches(fs, root, "commits")[:1]:
         for line in _offsets(fs, root, batch):
             offset = json.loads(line) if line.startswith("{") else None
             if isinstance(offset, dict) and set(offset) == set(START):
@@ -454,7 +454,7 @@ def committed(checkpoint: str) -> Position:
 def logged_sources(checkpoint: str) -> int | None:
     """How many sources the query of `checkpoint` read in its newest planned micro-batch; None before any."""
     fs, root = open_fs(checkpoint)
-    return next((len(_offsets(fs, root, batch)) for batch in _batches(fs, root, "offsets")[:1]), None)
+    return next((len(_offsets(fs, root, batch)) for batch in logged_batches(fs, root, "offsets")[:1]), None)
 
 
 def unread(path: str, checkpoint: str) -> list[FileEntry]:

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from fraudrules.engine.lines import open_fs
+from fraudrules.engine.lines import logged_batches, open_fs
 
 VALUE = "shard"  # the value's state variable
 LAYOUT_FILE = "state_layout.json"  # beside Spark's own logs in the evaluate query's checkpoint
@@ -81,12 +81,13 @@ class ShardState:
         row = self.value.get()
         if row is not None or not self.legacy:
             return ShardValues.of(row)
-        moved = {}
-        for name, state in self.legacy.items():
-            if (old := state.get()) is not None:
-                moved[name] = old[0]
+        moved = []
+        for state in self.legacy.values():  # in the value's field order
+            old = state.get()
+            moved.append(old[0] if old is not None else None)
+            if old is not None:
                 state.clear()
-        return ShardValues.of(ShardValues(**moved).row())
+        return ShardValues.of(tuple(moved))
 
     def put(self, values: ShardValues) -> None:
         self.value.update(values.row())
@@ -123,8 +124,7 @@ class Layout:
         return False
 
     def _holds_legacy(self, spark: SparkSession) -> bool:
-        commits = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/commits", allow_not_found=True))
-        if not any(c.base_name.isdigit() for c in commits):
+        if not logged_batches(self.fs, self.root, "commits"):
             return False  # no committed state: nothing to move
         try:  # every legacy shard wrote `meta` in every micro-batch; migration clears it
             return read_state(spark, self.checkpoint, "meta").limit(1).count() > 0
