@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import io
 import pickle
+import socket
+import struct
+import threading
 
 import pandas as pd
 import pyarrow as pa
+import pyspark.sql.streaming.proto.StateMessage_pb2 as messages
 import pytest
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
+from pyspark.sql.streaming.map_state_client import MapStateClient
+from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from fraudrules.engine import pyspark_compat
 from fraudrules.engine.processors import Detectors
@@ -129,21 +137,22 @@ def test_an_empty_stream_only_ends_the_batch():
 
 @pytest.mark.parametrize("processor", [Detectors(60_000, [7], "ns"), Detectors(60_000, [7], "ns", detect_logins=True)])
 def test_a_worker_unpickling_a_processor_installs_it(monkeypatch, processor):
-    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
+    upstream(monkeypatch)
     copy = pickle.loads(pickle.dumps(processor))
     assert TransformWithStateInPandasSerializer.load_stream is pyspark_compat.load_stream
+    assert MapStateClient.update_value is pyspark_compat.update_value
     assert copy.__dict__ == processor.__dict__
 
 
 def test_its_release_uses_it_and_says_nothing(monkeypatch):
-    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
+    upstream(monkeypatch)
     assert pyspark_compat.pyspark.__version__ == pyspark_compat.RELEASE == "4.2.0"
     assert pyspark_compat.install() and pyspark_compat.notice() is None
 
 
 @pytest.mark.parametrize("where", ["a patch release", "a later release", "a Databricks runtime", "an opt-out"])
 def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
-    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
+    upstream(monkeypatch)
     if where in ("a patch release", "a later release"):
         monkeypatch.setattr(pyspark_compat.pyspark, "__version__", "4.2.1" if where == "a patch release" else "4.3.0")
     elif where == "a Databricks runtime":
@@ -152,4 +161,55 @@ def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
         monkeypatch.setenv(pyspark_compat.UPSTREAM_ENV, "1")
     assert not pyspark_compat.install()
     assert TransformWithStateInPandasSerializer.load_stream is pyspark_compat.UPSTREAM
+    assert MapStateClient.update_value is pyspark_compat.UPSTREAM_UPDATE
     assert pyspark_compat.notice().startswith("stateful input regrouped by PySpark's own transformWithStateInPandas")
+
+
+def upstream(monkeypatch) -> None:
+    """This process with PySpark's own methods (a test before may have installed ours)."""
+    monkeypatch.setattr(TransformWithStateInPandasSerializer, "load_stream", pyspark_compat.UPSTREAM)
+    monkeypatch.setattr(MapStateClient, "update_value", pyspark_compat.UPSTREAM_UPDATE)
+
+
+class Server:
+    """The state server's end of a real socket: records each request, answers each with `status`."""
+
+    def __init__(self, status: int = 0):
+        self.status, self.sent = status, []
+        self.listener = socket.create_server(("localhost", 0))
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn, conn.makefile("rwb") as stream:
+            while header := stream.read(8):
+                _, length = struct.unpack(">ii", header)
+                self.sent.append(stream.read(length))
+                answer = messages.StateResponse(statusCode=self.status, errorMessage="no such state" * self.status)
+                body = answer.SerializeToString()
+                stream.write(struct.pack(">i", len(body)) + body)
+                stream.flush()
+
+    def client(self) -> StatefulProcessorApiClient:
+        return StatefulProcessorApiClient(self.listener.getsockname()[1], StructType([]))
+
+
+def map_state(server: Server) -> MapStateClient:
+    key = StructType([StructField("chunkId", LongType())])
+    return MapStateClient(server.client(), key, StructType([StructField("blob", BinaryType())]))
+
+
+@pytest.mark.parametrize("size", [0, 1, 1 << 20])
+def test_a_map_state_write_sends_the_bytes_upstream_sends(size):
+    blob = bytes(range(256)) * (size // 256) + b"\x00" * (size % 256)
+    ours, theirs = Server(), Server()
+    pyspark_compat.update_value(map_state(ours), "chunks", (7,), (blob,))
+    pyspark_compat.UPSTREAM_UPDATE(map_state(theirs), "chunks", (7,), (blob,))
+    assert len(ours.sent) == 1 and ours.sent == theirs.sent
+    assert blob in ours.sent[0]
+
+
+def test_a_map_state_write_the_server_refuses_raises_as_upstream_does():
+    for update in (pyspark_compat.update_value, pyspark_compat.UPSTREAM_UPDATE):
+        with pytest.raises(PySparkRuntimeError, match="Error updating map state value: no such state"):
+            update(map_state(Server(status=1)), "chunks", (7,), (b"blob",))
