@@ -180,7 +180,8 @@ class Server:
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self) -> None:
-        conn, _ = self.listener.accept()
+        with self.listener:  # one client
+            conn, _ = self.listener.accept()
         with conn, conn.makefile("rwb") as stream:
             while header := stream.read(8):
                 _, length = struct.unpack(">ii", header)

@@ -196,7 +196,8 @@ def update_value(self: MapStateClient, state_name: str, user_key: tuple, value: 
 
 
 def applies() -> bool:
-    """Whether this process's PySpark is the open-source release `load_stream` reproduces (and not opted out)."""
+    """Whether this process's PySpark is the open-source release `load_stream` and `update_value` reproduce (and not
+    opted out)."""
     return pyspark.__version__ == RELEASE and not on_databricks() and not os.environ.get(UPSTREAM_ENV)
 
 
