@@ -162,7 +162,9 @@ def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
     assert not pyspark_compat.install()
     assert TransformWithStateInPandasSerializer.load_stream is pyspark_compat.UPSTREAM
     assert MapStateClient.update_value is pyspark_compat.UPSTREAM_UPDATE
-    assert pyspark_compat.notice().startswith("stateful input regrouped by PySpark's own transformWithStateInPandas")
+    assert pyspark_compat.notice().startswith(
+        "stateful input regrouped and map state written by PySpark's own transformWithStateInPandas"
+    )
 
 
 def upstream(monkeypatch) -> None:

@@ -210,11 +210,12 @@ def install() -> bool:
 
 
 def notice() -> str | None:
-    """What to say once when a job starts with upstream's regrouping (None: this module's is in use)."""
+    """What to say once when a job starts with upstream's regrouping and map state writes (None: this module's are
+    in use)."""
     if applies():
         return None
     why = UPSTREAM_ENV if os.environ.get(UPSTREAM_ENV) else f"PySpark {pyspark.__version__}, not {RELEASE}"
-    return f"stateful input regrouped by PySpark's own transformWithStateInPandas serializer ({why})"
+    return f"stateful input regrouped and map state written by PySpark's own transformWithStateInPandas code ({why})"
 
 
 class VectorizedInput:
