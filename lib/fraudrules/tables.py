@@ -172,9 +172,9 @@ def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
 
 
 def first_commit(path: str, schema_json: str) -> None:
-    """Create a path table: its version 0 as `CREATE TABLE` writes it (protocol 1/2, the schema, no
-    partitions, `PROPERTIES`), without the Spark job and Delta transaction that cost ~1 s per table. If
-    another writer created the table first, theirs stands."""
+    """Create a path table: its version 0 and that version's checksum as `CREATE TABLE` writes them (protocol
+    1/2, the schema, no partitions, `PROPERTIES`), without the Spark job and Delta transaction that cost ~1 s per
+    table. If another writer created the table first, theirs stands."""
     log = os.path.join(path, "_delta_log")
     os.makedirs(log, exist_ok=True)
     now = int(time.time() * 1000)
@@ -192,13 +192,25 @@ def first_commit(path: str, schema_json: str) -> None:
             }
         },
     ]
-    tmp = os.path.join(log, f".{uuid.uuid4().hex}.tmp")
+    if _write_new(os.path.join(log, f"{0:020d}.json"), "".join(json.dumps(a) + "\n" for a in actions)):
+        # with the checksum Delta reads version 0's protocol and schema from the file, not with a Spark job (which
+        # a stream starting there, `read_stream`, would wait for behind busy cores)
+        empty = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1}
+        empty |= {"setTransactions": [], "domainMetadata": [], "allFiles": []}
+        checksum = empty | {"metadata": actions[2]["metaData"], "protocol": actions[1]["protocol"]}
+        _write_new(os.path.join(log, f"{0:020d}.crc"), json.dumps(checksum))
+
+
+def _write_new(path: str, text: str) -> bool:
+    """Write a file whole, atomically, unless it exists (False: another writer's stands)."""
+    tmp = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("".join(json.dumps(a) + "\n" for a in actions))
+        fh.write(text)
     try:
-        os.link(tmp, os.path.join(log, f"{0:020d}.json"))  # atomic, and never over an existing version 0
+        os.link(tmp, path)  # atomic, and never over an existing file
+        return True
     except FileExistsError:
-        pass
+        return False
     finally:
         os.remove(tmp)
 

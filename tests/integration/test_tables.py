@@ -5,11 +5,14 @@ tables, and Spark's Delta writer on catalog tables written with `saveAsTable` (w
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
 
 from fraudrules import tables
@@ -29,6 +32,32 @@ def test_job_tables_checkpoint_every_100_commits(spark, tmp_path):
         detail = tables.delta(spark, cfg, name).detail().first()
         assert detail.properties == {"delta.checkpointInterval": "100"}, name
         assert tables.schema(name) == tables.read(spark, cfg, name).schema, name
+
+
+def test_a_path_tables_first_commit_comes_with_the_checksum_delta_writes(spark, tmp_path):
+    """Version 0 of a path table has the checksum Delta's own `CREATE TABLE` writes, apart from the table's id and
+    times, and Delta takes it: it reads version 0's protocol and schema from it, not with a Spark job."""
+    cfg = JobConfig(data_dir=str(tmp_path))
+    tables.ensure(spark, cfg, "rule_history")
+    theirs = tmp_path / "by_delta"
+    builder = SparkDeltaTable.create(spark).location(str(theirs)).addColumns(tables.schema("rule_history"))
+    for key, value in tables.PROPERTIES.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+    def checksum(table: str) -> dict:
+        found = json.loads((Path(table) / "_delta_log" / f"{0:020d}.crc").read_text())
+        found["metadata"] = {k: v for k, v in found["metadata"].items() if k not in ("id", "createdTime")}
+        found["metadata"]["schemaString"] = json.loads(found["metadata"]["schemaString"])
+        return found
+
+    ours, delta_s = checksum(cfg.table("rule_history")), checksum(str(theirs))
+    assert ours == {k: delta_s[k] for k in ours}
+    assert set(delta_s) - set(ours) == {"txnId", "fileSizeHistogram"}  # optional: which commit, file sizes
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, cfg.table("rule_history"))
+    snapshot = log.unsafeVolatileSnapshot()
+    assert snapshot.version() == 0 and snapshot.checksumOpt().isDefined()
+    assert json.loads(snapshot.metadata().schemaString()) == tables.schema("rule_history").jsonValue()
 
 
 RULE = {
