@@ -147,6 +147,21 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
     return n
 
 
+def write_alerts_then_stop(spark: SparkSession, cfg: JobConfig, out: str) -> int:
+    """`write_alerts`, and the session stopped. Path tables are read with delta-rs, without Spark: the session
+    stops while the file is written (after a backtest of 1M records, each takes a second or more)."""
+    if not tables.uses_delta_rs(cfg):
+        try:
+            return write_alerts(spark, cfg, out)
+        finally:
+            spark.stop()
+    with ThreadPoolExecutor(1) as pool:
+        stopped = pool.submit(spark.stop)
+        n = write_alerts(spark, cfg, out)
+        stopped.result()
+    return n
+
+
 def _read_ahead(read: Callable[[int], pa.Table], rule_ids: list[int]) -> Iterator[pa.Table]:
     """Each rule's alerts in turn, the next rule's read in a thread while the caller uses this one's."""
     with ThreadPoolExecutor(1) as pool:

@@ -319,14 +319,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         shutil.rmtree(args.data_dir, ignore_errors=True)
     cfg = job_config(args)  # checked before a temporary folder exists
     cfg = cfg.with_(data_dir=args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-"))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         spark = spark_session(short_lived=True, cfg=cfg)
         try:
             result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            n = backtest.write_alerts(spark, cfg, args.out)
-        finally:
+        except BaseException:
             spark.stop()
+            raise
+        n = backtest.write_alerts_then_stop(spark, cfg, args.out)
     finally:
         if args.data_dir is None:  # its tables and checkpoints were only the means to the alerts
             backtest.discard(cfg)
