@@ -178,26 +178,23 @@ def first_commit(path: str, schema_json: str) -> None:
     log = os.path.join(path, "_delta_log")
     os.makedirs(log, exist_ok=True)
     now = int(time.time() * 1000)
-    actions = [
-        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True}},
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
-        {
-            "metaData": {
-                "id": str(uuid.uuid4()),
-                "format": {"provider": "parquet", "options": {}},
-                "schemaString": schema_json,
-                "partitionColumns": [],
-                "configuration": PROPERTIES,
-                "createdTime": now,
-            }
-        },
-    ]
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    metadata = {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema_json,
+        "partitionColumns": [],
+        "configuration": PROPERTIES,
+        "createdTime": now,
+    }
+    commit = {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True}
+    actions = [{"commitInfo": commit}, {"protocol": protocol}, {"metaData": metadata}]
     if _write_new(os.path.join(log, f"{0:020d}.json"), "".join(json.dumps(a) + "\n" for a in actions)):
         # with the checksum Delta reads version 0's protocol and schema from the file, not with a Spark job (which
         # a stream starting there, `read_stream`, would wait for behind busy cores)
-        empty = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1}
-        empty |= {"setTransactions": [], "domainMetadata": [], "allFiles": []}
-        checksum = empty | {"metadata": actions[2]["metaData"], "protocol": actions[1]["protocol"]}
+        counts = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1}
+        none = {"setTransactions": [], "domainMetadata": [], "allFiles": []}
+        checksum = counts | none | {"metadata": metadata, "protocol": protocol}
         _write_new(os.path.join(log, f"{0:020d}.crc"), json.dumps(checksum))
 
 
