@@ -6,7 +6,7 @@ import pytest
 
 from fraudrules import tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
-from fraudrules.engine import job
+from fraudrules.engine import job, lines
 from fraudrules.generator import Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import load_rules_file
@@ -56,3 +56,16 @@ def test_with_one_state_partition_only_available_now_runs_shuffle_before_the_sta
         assert "TransformWithStateInPySpark" in plan, name
         assert ("Exchange" in plan) == available_now, name
         assert ("Coalesce 1" in plan) != available_now, name
+
+
+@pytest.mark.parametrize("source", ["files", "kafka"])
+def test_warm_up_registers_the_file_source_only_for_a_job_that_reads_files(spark, tmp_path, source):
+    """The warm-up's registration is what the file source's queries find done; a Kafka job reads no files."""
+    kafka = {"kafka_bootstrap": "localhost:9092"} if source == "kafka" else {}  # never connected to here
+    cfg = JobConfig(data_dir=str(tmp_path), source=source, **kafka)
+    session = spark.newSession()  # Python data sources are registered per session
+    tables.ensure(session, cfg)
+    for future in job.warm_up(session, cfg):
+        future.result()
+    registered = session._jsparkSession.sessionState().dataSourceManager().dataSourceExists(lines.NAME)
+    assert registered == (source == "files")

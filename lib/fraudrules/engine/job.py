@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -230,6 +231,7 @@ def start(
     """Create missing tables, adopt the event schema (`adopt_schema`), publish and commit what a previous run left
     in the outboxes, start the queries (`names`, by default `query_names(cfg)`)."""
     tables.ensure(spark, cfg)
+    warming = warm_up(spark, cfg)
     adopt_schema(spark, cfg)
     names = names or query_names(cfg)
     if printer and (note := pyspark_compat.notice()):
@@ -245,4 +247,19 @@ def start(
         queries[name] = start_query(spark, df, sink, cfg, name)
     for c in committers:
         c.start()
+    for future in warming:
+        future.result()  # done by now; a failure is the one the query's own call met
     return Job(queries, committers)
+
+
+def warm_up(spark: SparkSession, cfg: JobConfig) -> list[Future]:
+    """Begin, each in a thread, the two slowest steps of building the queries, which would otherwise run one
+    after the other on the way to the first micro-batch: Spark's lookup of installed Python data sources on the
+    first registration of one (a Python daemon and its worker, ~1 s; for the file source) and the first read of the
+    rule history's Delta log (1-2 s in a fresh JVM). The queries' own calls then find them done, or wait for them."""
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="warm-up")
+    warming = [pool.submit(lambda: tables.read(spark, cfg, "rule_history").schema)]
+    if cfg.source != "kafka":
+        warming.append(pool.submit(lines.register, spark))
+    pool.shutdown(wait=False)
+    return warming

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -476,9 +477,15 @@ def ledger_of(checkpoint: str, name: str = "lines") -> str:
     return checkpoint.rstrip("/") + "/" + name
 
 
+_registering = threading.Lock()
+
+
 def register(spark: SparkSession) -> None:
-    """Make the source known to the session (`spark.readStream.format(NAME)`); registering again is harmless."""
-    spark.dataSource.register(LinesSource)
+    """Make the source known to the session (`spark.readStream.format(NAME)`); registering again is harmless, but
+    not from two threads at once: Spark checks that the name is free, then registers (`job.warm_up` registers in a
+    thread while the queries are built)."""
+    with _registering:
+        spark.dataSource.register(LinesSource)
 
 
 class LinesSource(DataSource):
