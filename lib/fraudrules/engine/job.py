@@ -42,6 +42,7 @@ from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import EVALUATED, RuleError, validate
+from fraudrules.session import on_databricks
 
 BACKGROUND = (INGEST_QUERY, LOGINS_INGEST_QUERY)  # off the alert path: background pool, stream thread niced
 
@@ -252,14 +253,25 @@ def start(
     return Job(queries, committers)
 
 
+def _import_processors(_: int) -> None:
+    """In a Python worker: import the stateful processors' modules (pandas, pyarrow, ...) before their first use."""
+    import fraudrules.engine.processors  # noqa: F401
+
+
 def warm_up(spark: SparkSession, cfg: JobConfig) -> list[Future]:
-    """Begin, each in a thread, the two slowest steps of building the queries, which would otherwise run one
-    after the other on the way to the first micro-batch: Spark's lookup of installed Python data sources on the
-    first registration of one (a Python daemon and its worker, ~1 s; for the file source) and the first read of the
-    rule history's Delta log (1-2 s in a fresh JVM). The queries' own calls then find them done, or wait for them."""
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="warm-up")
+    """Begin, each in a thread, the slowest steps on the way to the first micro-batch, which would otherwise run
+    one after the other: Spark's lookup of installed Python data sources on the first registration of one (a
+    Python daemon and its worker, ~1 s; for the file source), the first read of the rule history's Delta log (1-2 s
+    in a fresh JVM) and, in a local session, the start of the stateful processors' Python workers. The queries' own
+    calls then find them done, or wait for them."""
+    pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="warm-up")
     warming = [pool.submit(lambda: tables.read(spark, cfg, "rule_history").schema)]
     if cfg.source != "kafka":
         warming.append(pool.submit(lines.register, spark))
+    if not on_databricks():
+        # Spark keeps a Python daemon per worker environment, and an RDD job's runner and the stateful processors'
+        # both leave simplified tracebacks off: the job's first stateful micro-batch finds their daemon started and
+        # an idle worker that has imported the processors (~1 s)
+        warming.append(pool.submit(lambda: spark.sparkContext.parallelize([0], 1).foreach(_import_processors)))
     pool.shutdown(wait=False)
     return warming
