@@ -321,7 +321,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     cfg = cfg.with_(data_dir=args.data_dir or tempfile.mkdtemp(prefix="fraudrules-backtest-"))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
-        spark = spark_session(short_lived=True, cfg=cfg)
+        long_running = backtest.long_running(args.transactions_input, args.logins_input)
+        spark = spark_session(short_lived=True, cfg=cfg, tiered_jit=long_running)
         try:
             result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
         except BaseException:

@@ -7,7 +7,8 @@ process's first Delta read is much slower than the next ones). Two remedies: the
 writes beside the jars (classes mapped from it instead of loaded and verified), and, for sessions that end within
 a minute or two (`short_lived`: every Spark command but `run`, the notebooks), the C1-only JIT, which compiles at
 once rather than after profiling. Long-lived sessions (the continuous job, the bench, the test suite's shared
-session) keep the default tiered JIT for its steady-state speed.
+session) keep the default tiered JIT for its steady-state speed, and so does a short-lived one that asks for it
+(`tiered_jit`: a backtest of a large input, `backtest.long_running`).
 """
 
 from __future__ import annotations
@@ -98,10 +99,11 @@ def local_fs_options(master: str) -> dict[str, str]:
     return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
 
 
-def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
+def jvm_options(short_lived: bool, catalog: str | None = None, tiered_jit: bool = False) -> str:
     """The local driver JVM's options: logging, thread niceness, the class-data archive (when there is one; an
-    archive that does not match this JDK or class path is skipped without a word), C1-only JIT for short-lived
-    sessions and their serial collector, Derby's home (its log) in the local catalog's folder."""
+    archive that does not match this JDK or class path is skipped without a word), the serial collector of
+    short-lived sessions and their C1-only JIT (unless `tiered_jit`), Derby's home (its log) in the local catalog's
+    folder."""
     archive = jars_file(CLASS_ARCHIVE)
     options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
     if catalog:
@@ -111,5 +113,5 @@ def jvm_options(short_lived: bool, catalog: str | None = None) -> str:
     elif archive and os.path.exists(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     if short_lived:
-        options.extend((*C1_ONLY, *SHORT_LIVED_GC))
+        options.extend(SHORT_LIVED_GC if tiered_jit else (*C1_ONLY, *SHORT_LIVED_GC))
     return " ".join(options)

@@ -111,10 +111,12 @@ def get_spark(
     shuffle_partitions: int = JobConfig.shuffle_partitions,
     short_lived: bool = False,
     cfg: JobConfig | None = None,
+    tiered_jit: bool = False,
 ) -> SparkSession:
     """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
-    that ends within minutes (local JVM tuned to start fast, `local_runtime`), not the continuous job. `cfg`: the job's
-    configuration (its shuffle partitions; a local catalog for its catalog tables)."""
+    that ends within minutes (local JVM tuned to start fast, `local_runtime`), not the continuous job; `tiered_jit`:
+    one that still runs long enough for the JIT's optimising compiler to pay off. `cfg`: the job's configuration (its
+    shuffle partitions; a local catalog for its catalog tables)."""
     catalog = cfg.local_catalog if cfg else None
     shuffle_partitions = cfg.shuffle_partitions if cfg else shuffle_partitions
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
@@ -149,7 +151,7 @@ def get_spark(
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
             # quiet from its first line
-            .config("spark.driver.extraJavaOptions", local_runtime.jvm_options(short_lived, catalog))
+            .config("spark.driver.extraJavaOptions", local_runtime.jvm_options(short_lived, catalog, tiered_jit))
         )
         for key, value in local_catalog_options(catalog).items() if catalog else ():
             builder = builder.config(key, value)

@@ -26,6 +26,13 @@ def test_the_jit_keeps_a_full_size_code_cache(short_lived):
     assert int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
 
 
+def test_a_short_lived_session_that_runs_long_keeps_the_tiered_jit_and_the_small_heap():
+    """A backtest of a large input (`backtest.long_running`): the tiered JIT pays off, the heap stays a command's."""
+    flags = final_flags(local_runtime.jvm_options(short_lived=True, tiered_jit=True))
+    assert flags["TieredStopAtLevel"] == "4"
+    assert (flags["UseSerialGC"], flags["UseG1GC"]) == ("true", "false")
+
+
 @pytest.mark.parametrize("short_lived", [False, True])
 def test_short_lived_sessions_keep_a_small_heap_committed_as_used(short_lived, monkeypatch):
     """A command's heap holds one bounded micro-batch: 768m with the serial collector (G1 grew it to its maximum);
