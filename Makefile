@@ -14,7 +14,7 @@ export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
 
 .PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars clean
 AIRFLOW_VENV := .venv-airflow
-setup: $(VENV)/.installed $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.pyspark_path $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
 
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time).
 # Its dependencies and its extras' (local, quality, analyst) are pinned in the requirements files.
@@ -23,6 +23,13 @@ $(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt -r requirements-quality.txt
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# Python workers import PySpark from the installed package, not from the zip Spark puts first on their path
+# (lib/fraudrules/pyspark_path.py): a .pth file has the environment's interpreter do so when it starts.
+$(VENV)/.pyspark_path: $(VENV)/.installed
+	echo "import fraudrules.pyspark_path as p; p.prefer_installed()" \
+	  > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fraudrules_pyspark_path.pth"
 	touch $@
 
 # Airflow lives in its own environment (its pins are strict); DAG tasks call the job environment's commands.
