@@ -110,7 +110,8 @@ notebooks: setup
 demo-rules: setup
 	$(BIN)/python -m tools.demo_rules $(ARGS)
 
-# Kill the job with SIGKILL mid-run, restart it, compare with a backtest (ARGS="--source kafka" on a local broker).
+# Kill the job with SIGKILL mid-run, restart it, compare with a backtest (ARGS="--source kafka" on a local broker;
+# ARGS="--faults": outages instead of kills, the broker stopped, the alerts table unwritable, a concurrent writer).
 crash-demo: setup
 	$(BIN)/python -m tools.crash_demo --data-dir $(DATA_DIR)/crash-demo $(ARGS)
 

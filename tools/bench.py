@@ -797,6 +797,9 @@ def main(
     rates: list[float] | None = None,
     warmup: float = 40.0,
     preload: Preload | None = None,
+    minutes: float = 90.0,
+    every: float = 5.0,
+    maintain_every: float = 30.0,
 ) -> None:
     """Run the chosen modes, printing each one's figures as soon as it has them."""
     shards = CLUSTER_SHARDS if profile == "cluster" else JobConfig().shards
@@ -814,6 +817,11 @@ def main(
         print("\n".join(scale(root, profile)), flush=True)
     if mode == "cpu":
         print("\n".join(cpu(root, count, profile)), flush=True)
+    if mode == "soak":
+        from tools import soak
+
+        if not soak.soak(os.path.join(root, "soak"), minutes, rate, every, maintain_every):
+            raise SystemExit("soak: the alerts received, the alerts table and the backtest differ")
     if mode == "kafka":
         runs = kafka_mode(root, rates or [rate], warmup, seconds, profile, preload)
         if rates:
@@ -844,11 +852,17 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default="bench/work", help="wiped and rewritten by every mode")
     p.add_argument(
         "--mode",
-        choices=["all", "throughput", "latency", "scale", "kafka", "cpu"],
+        choices=["all", "throughput", "latency", "scale", "kafka", "cpu", "soak"],
         default="all",
         help="all: throughput and latency; scale: whole backtests of 1M and 5M records in one file; kafka: "
         "`fraudrules run` on a local broker, alerts timed from the producer's send to the consumer's receive; "
-        "cpu: where the CPU of a whole backtest of --count transactions goes, by process and JVM thread",
+        "cpu: where the CPU of a whole backtest of --count transactions goes, by process and JVM thread; soak: "
+        "the job on Kafka at --rate for --minutes with its table maintenance on (tools/soak.py)",
+    )
+    p.add_argument("--minutes", type=float, default=90.0, help="soak mode: how long the job is fed")
+    p.add_argument("--every", type=float, default=5.0, help="soak mode: a line of figures every this many minutes")
+    p.add_argument(
+        "--maintain-every", type=float, default=30.0, help="soak mode: `fraudrules maintain` this often (minutes)"
     )
     p.add_argument("--profile", choices=PROFILES, default="local", help="local: a laptop's; cluster: the bundle's")
     p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput and cpu modes")
@@ -880,7 +894,22 @@ def cli(argv: list[str] | None = None) -> int:
     if a.preload_hours < 0 or a.preload_rate <= 0:
         p.error("--preload-hours must be >= 0 and --preload-rate > 0")
     preload = Preload(a.preload_hours, a.preload_rate) if a.preload_hours else None
-    main(a.data_dir, a.mode, a.count, a.rate, a.seconds, a.profile, a.rates, a.warmup, preload)
+    if min(a.minutes, a.every, a.maintain_every) <= 0:
+        p.error("--minutes, --every and --maintain-every must be positive")
+    main(
+        a.data_dir,
+        a.mode,
+        a.count,
+        a.rate,
+        a.seconds,
+        a.profile,
+        a.rates,
+        a.warmup,
+        preload,
+        a.minutes,
+        a.every,
+        a.maintain_every,
+    )
     return 0
 
 

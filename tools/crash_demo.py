@@ -1,5 +1,5 @@
-"""`make crash-demo`: exactly-once across crashes, shown by killing the job with SIGKILL (the harness is
-`tests/support/crash_demo.py`).
+"""`make crash-demo`: exactly-once across crashes, shown by killing the job with SIGKILL, or with `--faults` across
+outages (the harness is `tests/support/crash_demo.py`, and `tests/support/faults.py` for the outages).
 
 1. A workload (transactions with injected bursts, logins with injected attacks, and a sprinkling of bad
    records of every class) is written into files, or produced into Kafka topics (`source="kafka"`).
@@ -15,6 +15,13 @@
    bronze and quarantine tables are reconciled with the input (input = valid + quarantined, no record
    twice; valid = evaluated + late; the evaluation query's own count of keyed events matches).
 
+With `--faults`, instead of the kills, the job runs continuously (`fraudrules run --no-generator`) and its input
+arrives in parts, one before the faults and one with each: the Kafka broker stopped for `--outage-s` and started
+again (with `--source kafka`; the job's Kafka client timeouts are shortened to 5 s so that the outage fails its
+queries), the `alerts` table's storage unwritable for as long (`chattr +i` on its `_delta_log`), and another
+process appending rows to `alerts` and compacting it. One line per fault says what the job did (rode it out, or
+failed and restarted itself), then the tables are compared as after the kills (the other writer's rows apart).
+
 With Kafka, the alerts are also published to the alerts topic; it is at-least-once (a batch replayed
 after a crash publishes again), so the demo reports its duplicate messages next to the missing keys.
 """
@@ -26,6 +33,7 @@ import os
 import sys
 
 from tests.support.crash_demo import PRODUCTION_SHARDS, Demo, Report
+from tests.support.faults import CLIENT_TIMEOUTS, FAULTS, Faults
 
 
 def main(
@@ -40,6 +48,8 @@ def main(
     rules: str | None = None,
     event_schema: str | None = None,
     production: bool = False,
+    faults: bool = False,
+    outage_s: float = 30.0,
 ) -> int:
     from fraudrules.session import get_spark
 
@@ -67,8 +77,18 @@ def main(
             from tests.support.kafka_broker import start_local_broker
 
             broker = start_local_broker(os.path.join(root, "kafka"))
-            demo.produce(broker.bootstrap)
-        report = Report(kills=demo.crash_loop(kills, rng_seed=seed))
+            if faults:  # the input arrives in parts, with the faults
+                demo.use_broker(broker.bootstrap)
+                demo.kafka_options = CLIENT_TIMEOUTS
+            else:
+                demo.produce(broker.bootstrap)
+        if faults:
+            injected = FAULTS if broker is not None else tuple(f for f in FAULTS if f != "broker")
+            if broker is None:
+                demo.say("faults: no broker to stop with files as the source (--source kafka adds it)")
+            report = Report(faults=Faults(demo, broker, outage_s).run(injected))
+        else:
+            report = Report(kills=demo.crash_loop(kills, rng_seed=seed))
         spark = get_spark("fraudrules-crash-demo")
         try:
             demo.compare(spark, report)
@@ -99,6 +119,15 @@ def cli(argv: list[str] | None = None) -> int:
         help=f"as the bundle runs: catalog tables through Spark's Delta writer (a local catalog), {PRODUCTION_SHARDS} "
         "shards and state partitions, PySpark's own input regrouping",
     )
+    p.add_argument(
+        "--faults",
+        action="store_true",
+        help="instead of the kills, outages while the job runs: the broker stopped (--source kafka), the alerts "
+        "table's storage unwritable, another process writing to alerts",
+    )
+    p.add_argument(
+        "--outage-s", type=float, default=30.0, help="with --faults: how long the broker and storage are out"
+    )
     a = p.parse_args(argv)
     return main(
         a.data_dir,
@@ -112,6 +141,8 @@ def cli(argv: list[str] | None = None) -> int:
         a.rules,
         a.event_schema,
         a.production,
+        a.faults,
+        a.outage_s,
     )
 
 

@@ -6,10 +6,13 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
+from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +55,8 @@ ORDER = ("ruleId", "transactionId", "userId", "eventTimeMs")
 # for the CPU it takes early (`local_runtime`). On 2 cores: 66 MB (500,000 records) took 3-5 s longer with it,
 # 132 MB 1-4 s less.
 TIERED_JIT_BYTES = 100 << 20
+QUARANTINE_FIELDS = ("kind", "reason", "srcName", "srcPos", "raw")
+SHOWN_QUARANTINED = 5  # quarantined records a backtest prints; its quarantine file has them all
 
 
 @dataclass
@@ -159,6 +164,39 @@ def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
                 fh.write(_newline_ended(lines))
                 n += len(lines)
     return n
+
+
+def quarantine_path(out: str) -> str:
+    """Where a backtest writing its alerts to `out` writes the records it quarantined: beside them, `alerts.jsonl` ->
+    `alerts.quarantine.jsonl`."""
+    return str(Path(out).with_suffix(".quarantine.jsonl"))
+
+
+def write_quarantine(spark: SparkSession, cfg: JobConfig, path: str) -> list[str]:
+    """The quarantined records as JSON lines at `path`, in source order, and what to print about them: how many for
+    each reason, the first few with their file and line, and where they all are. None quarantined: no file (an
+    earlier backtest's is removed) and nothing to print."""
+    rows = tables.writer(spark, cfg).arrow("quarantine", QUARANTINE_FIELDS)
+    if not rows.num_rows:
+        Path(path).unlink(missing_ok=True)
+        return []
+    rows = rows.sort_by([("srcName", "ascending"), ("srcPos", "ascending")])
+    raw = rows.column("raw").cast(pa.binary()).to_pylist()  # as it came: bytes that are not UTF-8 as \xNN
+    records = [
+        {**row, "raw": text.decode("utf-8", "backslashreplace")}
+        for row, text in zip(rows.drop_columns(["raw"]).to_pylist(), raw, strict=True)
+    ]
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+    lines = [f"quarantined: {plural(len(records), 'record')}, all in {path} (kind, reason, srcName, srcPos, raw)"]
+    lines += [f"  {n:,} × {reason}" for reason, n in Counter(r["reason"] for r in records).most_common()]
+    lines += [f"  {_file_line(r['srcName'], r['srcPos'])}: {r['reason']}" for r in records[:SHOWN_QUARANTINED]]
+    return lines
+
+
+def _file_line(name: str, line: int) -> str:
+    """A record's place as a person looks for it: the file's path (a local file's without `file:`) and line."""
+    return f"{unquote(name.removeprefix('file:')) if name.startswith('file:') else name} line {line}"
 
 
 def write_alerts_then_stop(spark: SparkSession, cfg: JobConfig, out: str) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import __version__, logs
-from fraudrules.config import TABLES, JobConfig, config_from, parse_options
+from fraudrules.config import MAX_RESTARTS, TABLES, JobConfig, config_from, parse_options
 from fraudrules.engine.messages import plural
 from fraudrules.paths import input_problem, is_remote, output_problem
 
@@ -250,6 +250,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
         spark = spark_session(cfg=cfg)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
+    if not on_databricks():  # a cluster's driver log keeps them
+        logs.quiet_query_failures(spark)
     stop = run.Stop()
     stop.starting = "the tables are ready"
     where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
@@ -261,6 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     if stop.requested.is_set():
         spark.stop()
+        health.mark_stopped(cfg.data_dir)  # `status`: stopped, not dead
         print("stopped before the queries started")
         return 0
     writers = demo_writers(cfg, args.rate, event_schema.for_job(cfg)) if generate else []
@@ -272,12 +275,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(f"generating {args.rate:g} transactions/s (bursts of large payments) and logins into {into}")
     print("starting the queries; Ctrl-C stops")
-    failed = run.run(spark, cfg, writers, args.seconds, stop=stop)
+    failed = run.run(spark, cfg, writers, args.seconds, stop=stop, restarts=run.Restarts(per_hour=args.max_restarts))
     if not on_databricks():
         spark.stop()
     if failed:
-        print(f"a query failed: {_died(failed) or _first_line(failed)}", file=sys.stderr)
+        print(f"the job failed: {_died(failed) or progress.error_line(failed)}", file=sys.stderr)
         return 1
+    health.mark_stopped(cfg.data_dir)
     print("stopped cleanly; run again to resume from the checkpoints")
     return 0
 
@@ -289,11 +293,6 @@ def _died(err: BaseException) -> str | None:
     from fraudrules import failures
 
     return failures.explain(err)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 # ------------------------------------------------------------------------------------------ backtest, export, generate
@@ -325,6 +324,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         spark = spark_session(short_lived=True, cfg=cfg, tiered_jit=long_running)
         try:
             result = backtest.run(spark, cfg, args.transactions_input, rules, logins=args.logins_input)
+            quarantined = backtest.write_quarantine(spark, cfg, backtest.quarantine_path(args.out))
         except BaseException:
             spark.stop()
             raise
@@ -333,6 +333,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         if args.data_dir is None:  # its tables and checkpoints were only the means to the alerts
             backtest.discard(cfg)
     print(result.summary())
+    for line in quarantined:
+        print(line)
     print(f"wrote {plural(n, 'alert')} to {args.out}" + (f" (tables in {cfg.data_dir})" if args.data_dir else ""))
     return 0
 
@@ -509,10 +511,39 @@ def cmd_status(args: argparse.Namespace) -> int:
         facts = json.loads(sys.stdin.read() if args.facts == "-" else Path(args.facts).read_text())
         out = health.judge_facts(facts, th)
     else:
-        check(data_dir_problem(JobConfig(data_dir=args.data_dir), tables=False))
+        # a data dir with a job's pid file is judged before the job made its tables
+        check(data_dir_problem(JobConfig(data_dir=args.data_dir), tables=not health.run_dir(args.data_dir).is_dir()))
         out = health.status(args.data_dir, th)
     print(json.dumps(out, default=str))
     return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from fraudrules import maintenance, tables
+
+    cfg = job_config(args)
+    check(data_dir_problem(cfg), table_problem(cfg, *args.tables))
+    spark = None if tables.uses_delta_rs(cfg) else spark_session("fraudrules-maintain", short_lived=True, cfg=cfg)
+    where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"
+    print(
+        f"maintaining {len(args.tables)} tables in {where}: removed files kept {cfg.retention_hours:g} h, "
+        f"log entries {cfg.log_retention_days:g} days"
+    )
+    started = time.monotonic()
+    try:
+        for report in maintenance.maintain(spark, cfg, tuple(args.tables)):
+            print(report.line())
+    finally:
+        if spark is not None and not _on_databricks():
+            spark.stop()
+    print(f"done in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def _on_databricks() -> bool:
+    from fraudrules.session import on_databricks
+
+    return on_databricks()
 
 
 # ------------------------------------------------------------------------------------------ parser
@@ -598,6 +629,13 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
     run.add_argument("--seconds", type=non_negative_float, default=0, help="stop after this long (0: until Ctrl-C)")
     run.add_argument("--available-now", action="store_true", help="process the input present at start, then stop")
     run.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=MAX_RESTARTS,
+        help="after a failure the queries restart from their checkpoints (backoff 5 s doubling to 60 s), at most "
+        f"this often in an hour (default {MAX_RESTARTS}; 0: exit on the first failure)",
+    )
+    run.add_argument(
         "--transactions",
         dest="transactions_source",
         metavar="PATH",
@@ -610,6 +648,18 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         help="login events: a folder, a JSON-lines file or a glob (default <data-dir>/landing/logins)",
     )
     add_memory_bounds(run)
+    run.add_argument(
+        "--compact-min-files",
+        type=non_negative_int,
+        default=JobConfig.compact_min_files,
+        help="the job's writers compact a table once it holds this many small files (0: never; see maintain)",
+    )
+    run.add_argument(
+        "--bronze-retention-days",
+        type=non_negative_float,
+        default=JobConfig.bronze_retention_days,
+        help="bronze rows (transactions, logins) ingested longer ago are deleted, hourly (0: kept)",
+    )
     run.add_argument("--source", choices=["files", "kafka"], help="default: kafka with a bootstrap, else files")
     run.add_argument("--kafka-bootstrap", help="bootstrap servers (`make run SOURCE=kafka` starts a local broker)")
     run.add_argument(
@@ -698,6 +748,34 @@ def _add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:
     q.set_defaults(func=cmd_quality)
 
 
+def _add_maintain(sub, parents: list[argparse.ArgumentParser]) -> None:
+    m = sub.add_parser(
+        "maintain",
+        parents=parents,
+        help="table maintenance: compaction, VACUUM, the Delta log (safe while the job runs)",
+        description="Per table: small files compacted, files no version within the retention needs vacuumed, the "
+        "Delta log checkpointed and its expired entries removed; prints files, bytes and log entries before and "
+        "after. Safe while the job writes; bronze retention is the job's own (`run --bronze-retention-days`). "
+        "See docs/operations.md.",
+    )
+    m.add_argument(
+        "--retention-hours",
+        type=non_negative_float,
+        default=JobConfig.retention_hours,
+        help="VACUUM keeps removed files this long: the time travel of notebooks and data-quality history",
+    )
+    m.add_argument(
+        "--log-retention-days",
+        type=non_negative_float,
+        default=JobConfig.log_retention_days,
+        help="the Delta log keeps its entries this long (a table property: Delta applies it at each checkpoint)",
+    )
+    m.add_argument(
+        "--tables", nargs="+", choices=TABLES, default=list(TABLES), metavar="TABLE", help="default: every table"
+    )
+    m.set_defaults(func=cmd_maintain)
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="fraudrules",
@@ -738,6 +816,7 @@ def parser() -> argparse.ArgumentParser:
 
     _add_rules(sub, [common, where])
     _add_quality(sub, [common, where, engine])
+    _add_maintain(sub, [common, where])
 
     st = sub.add_parser("status", parents=[common, threshold_arguments()], help="health of the job as JSON")
     st.add_argument("--data-dir", default="data", help="the local job's data dir")

@@ -36,6 +36,7 @@ EVALUATE_QUERY = "evaluate"
 LOGINS_INGEST_QUERY = "ingest_logins"
 TRANSACTION_QUERIES = (RULES_QUERY, INGEST_QUERY, EVALUATE_QUERY)
 QUERIES = (*TRANSACTION_QUERIES, LOGINS_INGEST_QUERY)
+MAX_RESTARTS = 30  # `fraudrules run`: restarts after failures in any hour, by default (engine/run.py `Restarts`)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,25 @@ class JobConfig:
     # name any field it declares. A restart may add fields (bronze gains their columns), not remove one that an
     # ACTIVE rule uses nor change a field's type.
     event_schema: str | None = None
+    # Table maintenance (`maintenance`, docs/operations.md): a table the job appends to is compacted once it holds
+    # this many small files (0: never by the job's writers); VACUUM keeps removed files this long (time travel of
+    # the notebooks and the data-quality history); the Delta log keeps its entries this long; bronze rows
+    # (`transactions`, `logins`) older than this are deleted (0: kept).
+    compact_min_files: int = 20
+    retention_hours: float = 168.0
+    log_retention_days: float = 30.0
+    bronze_retention_days: float = 30.0
 
     def __post_init__(self) -> None:
         if self.source not in ("files", "kafka"):
             raise ValueError(f"source must be 'files' or 'kafka', not {self.source!r}")
         if self.max_records_per_trigger < 1:
             raise ValueError(f"max_records_per_trigger must be positive, not {self.max_records_per_trigger}")
+        for name in ("compact_min_files", "retention_hours", "log_retention_days", "bronze_retention_days"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
+        if self.compact_min_files == 1:
+            raise ValueError("compact_min_files must be 0 (off) or at least 2: one file is nothing to compact")
         if self.state_memory_mb < 0:
             raise ValueError(f"state_memory_mb must be >= 0, not {self.state_memory_mb}")
         uses_kafka = self.source == "kafka" or self.kafka_rules_topic or self.kafka_alerts_topic

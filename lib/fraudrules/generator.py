@@ -281,7 +281,8 @@ class KafkaRateWriter(PacedWriter):
 
     def __init__(self, bootstrap: str, topic: str, events: Iterator[dict], rate: float, **kwargs):
         super().__init__(events, rate, name=f"kafka-writer-{topic}", **kwargs)
-        self.topic, self._producer = topic, producer(bootstrap)
+        # librdkafka's log critical only: while a broker is down it logs each reconnection, several a second
+        self.topic, self._producer = topic, producer(bootstrap, log_level=2)
 
     def emit(self, rows: list[dict], now_ms: int, tick: int) -> None:
         for event in rows:

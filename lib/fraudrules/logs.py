@@ -33,6 +33,7 @@ DEFAULT = "ERROR"
 VERBOSE = "WARN"
 LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 CONFIG = "log4j2.properties"
+QUERY_FAILURES = "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution"  # logs a query that failed
 # Printed by the JVM itself, not log lines: the module system's for the vector module Spark's launcher adds, and
 # the launcher's when the environment sets JDK_JAVA_OPTIONS.
 JVM_NOTICES = (b"WARNING: Using incubator modules: jdk.incubator.vector", b"NOTE: Picked up JDK_JAVA_OPTIONS:")
@@ -107,6 +108,16 @@ def quiet_driver_threads(spark: Any) -> None:
     server = getattr(spark.sparkContext, "_accumulatorServer", None)
     if server is not None:
         server.handle_error = lambda *_: None  # socketserver's own prints the traceback
+
+
+def quiet_query_failures(spark: Any) -> None:
+    """Quiet: Spark does not log a streaming query's failure, its whole error (Java stack traces and a sink's Python
+    traceback, some 200 lines a query, each time a broker is down): `fraudrules run` says what failed in one line
+    and restarts the queries."""
+    if not quiet():
+        return
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setLevel(QUERY_FAILURES, log4j.Level.OFF)
 
 
 def quiet_python_workers(spark: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -139,6 +141,27 @@ def evolve(spark: SparkSession, cfg: JobConfig, name: str) -> list[str]:
 # is a multi-second stall of a background query every ~50 s, on the cores the evaluation needs.
 PROPERTIES = {"delta.checkpointInterval": "100"}
 
+# Rows read from files name their line in `srcPos` from 1 (a Kafka record's: its offset); releases up to a5f864d
+# counted lines from 0. Each table holding such rows records since when its rows count from 1 (ISO time, UTC, to
+# compare with the rows' `ingestedAt` / `quarantinedAt`): its creation, or the first start of a later release on a
+# table of an earlier one, before any row is written (`ensure`).
+LINES_FROM_1 = "fraudrules.srcPos.linesFrom1Since"
+LINE_TABLES = ("transactions", "logins", "quarantine")
+
+
+def properties(name: str, now: str) -> dict[str, str]:
+    """A new table's properties (`now`: its creation time, ISO)."""
+    return PROPERTIES | ({LINES_FROM_1: now} if name in LINE_TABLES else {})
+
+
+# Writer-side compaction (docs/operations.md#table-maintenance), the same policy on both writers as Delta's own auto
+# compaction: once a table holds `JobConfig.compact_min_files` files under SMALL_FILE_BYTES, the writer that just
+# appended merges its small files into files of up to COMPACT_TARGET_BYTES (a commit of dataChange=false: streams
+# of the table skip it, appends of other writers do not conflict with it).
+COMPACT_TARGET_BYTES = 128 * 2**20
+SMALL_FILE_BYTES = COMPACT_TARGET_BYTES // 2
+CONFLICT_RETRIES = 8  # attempts of an append that a concurrent commit conflicted with
+
 
 def schema(name: str, cfg: JobConfig | None = None) -> StructType:
     """A table's schema from its DDL (`ddl`), read by Spark's DDL parser (a session must be active). Not through an
@@ -147,17 +170,34 @@ def schema(name: str, cfg: JobConfig | None = None) -> StructType:
 
 
 def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
-    """Create the named tables (by default the job's) that do not exist yet; returns their names."""
+    """Create the named tables (by default the job's) that do not exist yet, and mark the tables of an earlier
+    release whose rows count lines from 0 (`LINES_FROM_1`); returns the names of those created."""
     if cfg.uses_catalog and not on_databricks():  # a local catalog starts empty (Unity Catalog's schema is made)
         spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.catalog}.{cfg.schema}")
-    missing = [n for n in names or JOB_TABLES if not exists(spark, cfg, n)]
+    wanted = names or JOB_TABLES
+    missing = [n for n in wanted if not exists(spark, cfg, n)]
+    now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     if not cfg.uses_catalog:
         for name in missing:
-            first_commit(cfg.table(name), schema(name, cfg).json())
-        return missing
-    with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
-        list(pool.map(lambda name: _create(spark, cfg, name), missing))
+            first_commit(cfg.table(name), schema(name, cfg).json(), properties(name, now))
+    else:
+        with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
+            list(pool.map(lambda name: _create(spark, cfg, name, properties(name, now)), missing))
+    for name in (n for n in LINE_TABLES if n in wanted and n not in missing):
+        _mark_lines_from_1(spark, cfg, name, now)
     return missing
+
+
+def _mark_lines_from_1(spark: SparkSession, cfg: JobConfig, name: str, now: str) -> None:
+    """Record on a table that lacks it that its rows count lines from 1 from `now` on (one metadata commit, once)."""
+    if uses_delta_rs(cfg):
+        table = DeltaRsWriter(spark, cfg).table(name)
+        if LINES_FROM_1 not in table.metadata().configuration:  # delta-rs checks only the keys it knows: not ours
+            table.alter.set_table_properties({LINES_FROM_1: now}, raise_if_not_exists=False)
+        return
+    if LINES_FROM_1 not in delta(spark, cfg, name).detail().first()["properties"]:
+        where = cfg.table(name) if cfg.uses_catalog else f"delta.`{cfg.table(name)}`"
+        spark.sql(f"ALTER TABLE {where} SET TBLPROPERTIES ('{LINES_FROM_1}' = '{now}')")
 
 
 _VERSION_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b)")
@@ -171,9 +211,9 @@ def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
     return os.path.isdir(log) and any(_VERSION_FILE.match(f) for f in os.listdir(log))
 
 
-def first_commit(path: str, schema_json: str) -> None:
+def first_commit(path: str, schema_json: str, configuration: dict[str, str]) -> None:
     """Create a path table: its version 0 and that version's checksum as `CREATE TABLE` writes them (protocol
-    1/2, the schema, no partitions, `PROPERTIES`), without the Spark job and Delta transaction that cost ~1 s per
+    1/2, the schema, no partitions, its properties), without the Spark job and Delta transaction that cost ~1 s per
     table. If another writer created the table first, theirs stands."""
     log = os.path.join(path, "_delta_log")
     os.makedirs(log, exist_ok=True)
@@ -184,7 +224,7 @@ def first_commit(path: str, schema_json: str) -> None:
         "format": {"provider": "parquet", "options": {}},
         "schemaString": schema_json,
         "partitionColumns": [],
-        "configuration": PROPERTIES,
+        "configuration": configuration,
         "createdTime": now,
     }
     commit = {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True}
@@ -212,11 +252,11 @@ def _write_new(path: str, text: str) -> bool:
         os.remove(tmp)
 
 
-def _create(spark: SparkSession, cfg: JobConfig, name: str) -> None:
+def _create(spark: SparkSession, cfg: JobConfig, name: str, configuration: dict[str, str]) -> None:
     """A catalog table, in SQL: Delta's table builder takes no three-part name outside Databricks."""
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema(name, cfg).fields)
-    properties = ", ".join(f"'{k}' = '{v}'" for k, v in PROPERTIES.items())
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {cfg.table(name)} ({columns}) USING delta TBLPROPERTIES ({properties})")
+    listed = ", ".join(f"'{k}' = '{v}'" for k, v in configuration.items())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {cfg.table(name)} ({columns}) USING delta TBLPROPERTIES ({listed})")
 
 
 def read(spark: SparkSession, cfg: JobConfig, name: str) -> DataFrame:
@@ -315,10 +355,21 @@ class DeltaRsWriter(TableWriter):
         return pa.schema(self.table(name).schema().to_arrow())
 
     def append(self, name: str, rows: Rows, txn: Txn | None = None) -> None:
-        table = self.table(name)
-        if txn is not None and _at_least(table.transaction_version(txn.app), txn.version):
-            return  # delta-rs records transactions but leaves the check to its caller
-        self._write(table, rows, "append", txn)
+        from deltalake.exceptions import CommitFailedError
+
+        for attempt in range(CONFLICT_RETRIES):
+            table = self.table(name)
+            if txn is not None and _at_least(table.transaction_version(txn.app), txn.version):
+                return  # delta-rs records transactions but leaves the check to its caller
+            try:
+                return self._write(table, rows, "append", txn)
+            except CommitFailedError:
+                # delta-rs checks an append against concurrent commits as if it had read the table (a DELETE of
+                # old bronze rows by `maintain` conflicts with it): nothing was committed, so try again, from the
+                # transaction check
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def overwrite(self, name: str, rows: Rows) -> None:
         self._write(self.table(name), rows, "overwrite", None)
@@ -331,7 +382,9 @@ class DeltaRsWriter(TableWriter):
             custom_metadata={"userMetadata": txn.note()} if txn else None,
             app_transactions=[Transaction(txn.app, txn.version)] if txn else None,
         )
-        write_deltalake(table, data, mode=mode, commit_properties=properties)
+        write_deltalake(table, data, mode=mode, commit_properties=properties)  # `table` now at the new version
+        if due_for_compaction(file_sizes(table), self.cfg.compact_min_files):
+            _compact_after_commit(table)
 
     def arrow(
         self, name: str, columns: Sequence[str] | None = None, where: tuple[str, object] | None = None
@@ -351,16 +404,53 @@ class DeltaRsWriter(TableWriter):
         return self.arrow(name, [self.target(name).names[0]]).num_rows
 
 
+def file_sizes(table: RustTable) -> pa.Array:
+    """The sizes of a delta-rs table's live data files."""
+    return pa.table(table.get_add_actions(flatten=True)).column("size_bytes").combine_chunks()
+
+
+def due_for_compaction(sizes: pa.Array, min_files: int) -> bool:
+    """The writers' compaction policy: `min_files` (0: never) or more files under SMALL_FILE_BYTES."""
+    return bool(min_files) and pc.sum(pc.less(sizes, SMALL_FILE_BYTES)).as_py() >= min_files
+
+
+def _compact_after_commit(table: RustTable) -> None:
+    """Compaction after an append, which has committed: a conflict with a concurrent commit (another compaction, a
+    delete) leaves the files for the next append to merge, and is no failure of the append."""
+    from deltalake.exceptions import CommitFailedError
+
+    with contextlib.suppress(CommitFailedError):
+        compact_rs(table)
+
+
+def compact_rs(table: RustTable) -> None:
+    """delta-rs's OPTIMIZE, on one core (the evaluation has the other)."""
+    table.optimize.compact(target_size=COMPACT_TARGET_BYTES, max_concurrent_tasks=1)
+
+
 class SparkWriter(TableWriter):
     """Spark's Delta writer, as on a cluster: Unity Catalog tables by name (`saveAsTable`), other tables by path.
-    A commit with a transaction costs Delta a look at the table's transactions (docs/performance.md)."""
+    A commit with a transaction costs Delta a look at the table's transactions (docs/performance.md). Compaction
+    after a commit is Delta's own auto compaction, set up on the session (`auto_compaction`)."""
+
+    def __init__(self, spark: SparkSession, cfg: JobConfig):
+        super().__init__(spark, cfg)
+        auto_compaction(spark, cfg)
 
     def append(self, name: str, rows: Rows, txn: Txn | None = None) -> None:
         writer = self._frame(name, rows).write.format("delta").mode("append")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app).option("txnVersion", str(txn.version))
             writer = writer.option("userMetadata", txn.note())
-        self._save(writer, name)
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return self._save(writer, name)
+            except delta_conflicts():
+                # a concurrent metadata change (`maintain` setting a retention) or commit Delta could not reconcile:
+                # nothing was committed, and Delta's transaction makes the next attempt of a replayed batch a no-op
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def overwrite(self, name: str, rows: Rows) -> None:
         self._save(self._frame(name, rows).write.format("delta").mode("overwrite"), name)
@@ -384,6 +474,36 @@ class SparkWriter(TableWriter):
 
     def count(self, name: str) -> int:
         return read(self.spark, self.cfg, name).count()
+
+
+def delta_conflicts() -> tuple[type[Exception], ...]:
+    """Spark's Delta conflicts of a commit with a concurrent one (PySpark raises their `captured` subclasses)."""
+    from delta import exceptions as e
+
+    return (
+        e.ConcurrentAppendException,
+        e.ConcurrentDeleteReadException,
+        e.ConcurrentDeleteDeleteException,
+        e.ConcurrentTransactionException,
+        e.ConcurrentWriteException,
+        e.MetadataChangedException,
+        e.ProtocolChangedException,
+    )
+
+
+def auto_compaction(spark: SparkSession, cfg: JobConfig) -> None:
+    """Delta's auto compaction (a post-commit hook of Spark's Delta writer) with the writers' policy
+    (`due_for_compaction`); runtime settings of the session, so also on a Databricks cluster's."""
+    conf = {
+        "spark.databricks.delta.autoCompact.enabled": str(bool(cfg.compact_min_files)).lower(),
+        "spark.databricks.delta.autoCompact.minNumFiles": str(max(cfg.compact_min_files, 2)),
+        "spark.databricks.delta.autoCompact.maxFileSize": str(COMPACT_TARGET_BYTES),
+        "spark.databricks.delta.autoCompact.minFileSize": str(SMALL_FILE_BYTES),
+        "spark.databricks.delta.optimize.maxFileSize": str(COMPACT_TARGET_BYTES),
+    }
+    for key, value in conf.items():
+        if spark.conf.get(key, None) != value:
+            spark.conf.set(key, value)
 
 
 def _at_least(recorded: int | None, version: int) -> bool:

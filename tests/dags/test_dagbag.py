@@ -12,6 +12,7 @@ pytestmark = [needs_airflow]
 EXPECTED = {
     "fraud_stream": {"fraudrules", "streaming", "monitoring"},
     "fraud_data_quality": {"fraudrules", "data-quality"},
+    "fraud_maintenance": {"fraudrules", "maintenance"},
 }
 NO_RETRY = {("fraud_data_quality", "verdict"), ("fraud_data_quality", "run_on_databricks")}  # the data's fault
 HEAVY = ("pyspark", "great_expectations", "pandas", "numpy", "pyarrow", "fraudrules", "databricks.sql")
@@ -53,7 +54,7 @@ def test_databricks_targets_use_the_providers_operators(bag):
     assert bag["dags"]["fraud_data_quality"]["tasks"]["validate"]["operator"] == "_PythonDecoratedOperator"
 
 
-@pytest.mark.parametrize("name", ["fraud_stream.py", "fraud_data_quality.py"])
+@pytest.mark.parametrize("name", ["fraud_stream.py", "fraud_data_quality.py", "fraud_maintenance.py"])
 def test_no_heavy_top_level_imports(name):
     new = run_airflow("imports", str(DAGS / name), timeout=300)[0]["new_modules"]
     heavy = [m for m in new if m.split(".")[0] in HEAVY or m.startswith(HEAVY)]

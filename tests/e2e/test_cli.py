@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from fraudrules.config import QUERIES
+from fraudrules.engine import ingest
 from fraudrules.generator import LoginWorkload
 from fraudrules.rules.model import load_rules_file
 from tests.support import reference
+from tests.support.real_tables import bad_records
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SAMPLE_RULES = Path(__file__).parents[2] / "lib" / "fraudrules" / "sample_rules.json"
@@ -71,6 +74,40 @@ def test_backtest_as_written_is_quiet_and_matches_the_reference(tmp_path):
     assert {a["ruleId"] for a in alerts.values()} >= {1, 2, 3, 4, 6, 7}
     assert all(isinstance(a["key"], dict) for a in alerts.values())
     assert all(a["eventTime"].endswith("Z") for a in alerts.values())
+
+
+@pytest.mark.e2e
+def test_a_backtest_says_what_it_quarantined_and_where(tmp_path):
+    """Each quarantined record with its reason, file and line (from 1, as an editor counts): counted per reason and
+    the first ones printed, all of them beside the alerts (the backtest's temporary tables are gone)."""
+    (tmp_path / "in").mkdir()
+    shutil.copy(FIXTURES / "transactions.jsonl", tmp_path / "in" / "a.jsonl")
+    bad = bad_records()  # one per reason
+    (tmp_path / "in" / "bad.jsonl").write_bytes(b"\n".join(bad) + b"\n")
+    res = fraudrules(
+        "backtest",
+        "--transactions",
+        "in",
+        "--rules",
+        str(FIXTURES / "rules.json"),
+        "--out",
+        "alerts.jsonl",
+        cwd=tmp_path,
+    )
+    assert_quiet(res)
+    rows = [json.loads(line) for line in (tmp_path / "alerts.quarantine.jsonl").read_text().splitlines()]
+    assert sorted(r["reason"] for r in rows) == sorted(ingest.reasons())
+    assert [r["srcPos"] for r in rows] == list(range(1, len(bad) + 1))
+    assert [r["raw"] for r in rows] == [b.decode("utf-8", "backslashreplace") for b in bad]  # line srcPos of the file
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"transactions: 2,000 valid, logins: 0 valid, {len(bad)} quarantined, 0 late"
+    at = lines.index(
+        f"quarantined: {len(bad)} records, all in alerts.quarantine.jsonl (kind, reason, srcName, srcPos, raw)"
+    )
+    assert lines[at + 1 : at + 1 + len(bad)] == [f"  1 × {r['reason']}" for r in rows]  # each reason once
+    shown = lines[at + 1 + len(bad) : at + 6 + len(bad)]
+    assert shown == [f"  {tmp_path}/in/bad.jsonl line {r['srcPos']}: {r['reason']}" for r in rows[:5]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl", "alerts.quarantine.jsonl", "in"]
 
 
 @pytest.mark.e2e
@@ -165,7 +202,8 @@ def test_export_and_status_as_written(tmp_path, backtest_data):
 @pytest.mark.e2e
 def test_status_knows_the_job_whichever_command_started_it(tmp_path):
     """`fraudrules run` started as `make run` starts it (not by the supervisor): `status` sees its process and, once
-    it commits, its heartbeat; a second job on the same data dir is refused; after Ctrl-C it is not running."""
+    it commits, its heartbeat; a second job on the same data dir is refused; after Ctrl-C it reads as stopped, not
+    dead."""
     log = (tmp_path / "run.log").open("w")
     environment = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     job = subprocess.Popen(
@@ -175,7 +213,8 @@ def test_status_knows_the_job_whichever_command_started_it(tmp_path):
         deadline, status = time.time() + 240, {}
         while time.time() < deadline and not (status.get("heartbeat") or {}).get("batches"):
             time.sleep(2)
-            status = json.loads(fraudrules("status", cwd=tmp_path).stdout)
+            looked = fraudrules("status", cwd=tmp_path)  # exit 2 ("no data dir") until the job recorded itself
+            status = json.loads(looked.stdout) if looked.returncode == 0 else {}
             assert job.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         assert status["flags"]["running"] and status["process"]["pid"] == job.pid, status
         assert (status["action"], status["reason"]) == ("none", "healthy") and status["heartbeat"]["age_s"] < 60
@@ -192,5 +231,6 @@ def test_status_knows_the_job_whichever_command_started_it(tmp_path):
     assert "stopped cleanly" in printed
     assert all(f"[{q}] stopped\n" in printed for q in QUERIES), printed[-3000:]  # each query's own last line
     after = json.loads(fraudrules("status", cwd=tmp_path).stdout)
-    assert (after["flags"]["running"], after["action"]) == (False, "start")
-    assert after["reason"] == f"process {job.pid} is not running"
+    assert (after["flags"]["running"], after["flags"]["dead"], after["flags"]["stopped"]) == (False, False, True)
+    assert (after["action"], after["reason"]) == ("start", f"process {job.pid} stopped cleanly")
+    assert after["problems"] == []

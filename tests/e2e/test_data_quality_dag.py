@@ -69,7 +69,7 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
         and result["rows"]["window_state"] > 0
         and result["rows"]["logins"] == 603
     )
-    assert result["rows"]["quarantine"] == 17
+    assert result["rows"]["quarantine"] == 19
     tables = backtest_data / "tables"
     assert re.fullmatch(rf"{tables}/alerts @ Delta version \d+", result["read"]["alerts"])
     assert re.fullmatch(

@@ -76,7 +76,7 @@ RULES = [
 
 # (record, reason): one per bad-input class
 BAD = [
-    ("{not json", "malformed JSON: not a JSON object"),
+    ("{not json", "malformed JSON: truncated (the record does not end with })"),
     ("", "malformed JSON: not a JSON object"),
     (
         '{"transactionId": 9001, "eventTime": 1700000001000, "payeeId": 1, "beneficiaryId": 2, "paymentType": "CSH"}',

@@ -203,7 +203,7 @@ def test_01_ingest(run: Run):
     assert len({r["transactionId"] for r in bronze}) == TRANSACTIONS
     reasons = sorted(r["reason"] for r in delta_read(run.table("quarantine")))
     assert reasons == [
-        "malformed JSON: not a JSON object",
+        "malformed JSON: truncated (the record does not end with })",
         "missing paymentType",
         "transactionId is not an integer",
         "unknown paymentType (expected CSH or CRD)",

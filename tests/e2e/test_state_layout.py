@@ -3,12 +3,10 @@ this one with every alert: the previous release itself, taken from the repositor
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,12 @@ from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine.shard_values import LAYOUT_FILE
 from fraudrules.rules.model import load_rules_file
 from tests.support import reference
+from tests.support.upgrade import previous_release
 
 REPO = Path(__file__).parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 LAYOUT_1 = "9a8fb66"  # the last commit whose job keeps the six state variables
 SHARDS = "4"
-
-
-def previous_release(into: Path) -> Path:
-    """The library of LAYOUT_1, from the repository's history."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", LAYOUT_1, "lib"], capture_output=True, check=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "lib"
 
 
 def backtest(tmp_path: Path, part: int, lib: Path | None = None) -> Path:
@@ -58,7 +49,7 @@ def test_a_checkpoint_of_state_layout_1_goes_on_with_every_alert(tmp_path):
     known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{LAYOUT_1}^{{commit}}"], capture_output=True)
     if known.returncode:
         pytest.skip(f"needs the repository's history with {LAYOUT_1} (the previous release is taken from it)")
-    lib = previous_release(tmp_path / "previous")
+    lib = previous_release(LAYOUT_1, tmp_path / "previous")
     lines = (FIXTURES / "transactions.jsonl").read_text().splitlines()
     parts = [lines[i * len(lines) // 3 : (i + 1) * len(lines) // 3] for i in range(3)]  # windows span the parts
     (tmp_path / "tx").mkdir()

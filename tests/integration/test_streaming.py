@@ -159,21 +159,21 @@ def test_malformed_records_are_quarantined_and_the_job_keeps_going(spark, tmp_pa
     finally:
         stream.stop()
     quarantined = stream.table("quarantine").collect()
-    q = {r.srcPos: r.reason for r in quarantined}
+    q = {r.srcPos: r.reason for r in quarantined}  # the line of the file, from 1: `good` is line 1
     assert q == {
-        1: "malformed JSON: not a JSON object",
-        2: "missing paymentAmount",
-        3: "paymentAmount is not a number",
-        4: "unknown paymentType (expected CSH or CRD)",
-        5: "eventTime out of range",
-        6: "payeeId is not an integer",
-        7: "paymentAmount has more than 2 decimal places",
+        2: "malformed JSON: truncated (the record does not end with })",
+        3: "missing paymentAmount",
+        4: "paymentAmount is not a number",
+        5: "unknown paymentType (expected CSH or CRD)",
+        6: "eventTime out of range",
+        7: "payeeId is not an integer",
+        8: "paymentAmount has more than 2 decimal places",
     }
     bronze = {r.transactionId: r for r in stream.table("transactions").collect()}
     assert set(bronze) == {1, 8}
     assert bronze[8].eventTime == 2000 and bronze[8].paymentAmount == Decimal("3.00")
     assert bronze[8].ingestionTimestamp == -1 and json.loads(bronze[8].raw)["eventTime"] == "2000"  # as sent
-    assert json.loads(bronze[1].raw)["extra"] == {"x": 1} and bronze[1].srcPos == 0
+    assert json.loads(bronze[1].raw)["extra"] == {"x": 1} and bronze[1].srcPos == 1
     stamps = [r.ingestedAt for r in bronze.values()] + [r.quarantinedAt for r in quarantined]
     assert all(abs(datetime.now() - t) < timedelta(minutes=10) for t in stamps)  # Spark shows them in local time
     assert {r.kind for r in quarantined} == {"transaction"}

@@ -30,7 +30,7 @@ def test_job_tables_checkpoint_every_100_commits(spark, tmp_path):
     assert sorted(tables.ensure(spark, cfg)) == sorted(JOB_TABLES)
     for name in ("transactions", "alerts", "batches"):
         detail = tables.delta(spark, cfg, name).detail().first()
-        assert detail.properties == {"delta.checkpointInterval": "100"}, name
+        assert {k: v for k, v in detail.properties.items() if k != tables.LINES_FROM_1} == tables.PROPERTIES, name
         assert tables.schema(name) == tables.read(spark, cfg, name).schema, name
 
 
@@ -115,6 +115,29 @@ def test_append_overwrite_read_count(spark, made):
     }
     assert [r.version for r in tables.read(spark, cfg, "rules").collect()] == [3]
     assert writer.count("rule_history") == 2 and writer.count("rules") == 1
+
+
+def test_rows_of_an_earlier_release_are_told_from_rows_that_count_lines_from_1(spark, made):
+    """A table holding source positions records since when its rows count lines from 1: a new one from its creation,
+    one of an earlier release from the next start (`ensure`), after its rows and before any new one, once."""
+    writer, cfg = made
+    tables.ensure(spark, cfg, "quarantine", "alerts")
+
+    def properties(name: str) -> dict:
+        return tables.delta(spark, cfg, name).detail().first().properties
+
+    assert tables.LINES_FROM_1 in properties("quarantine") and tables.LINES_FROM_1 not in properties("alerts")
+    where = cfg.table("quarantine") if cfg.uses_catalog else f"delta.`{cfg.table('quarantine')}`"
+    spark.sql(f"ALTER TABLE {where} UNSET TBLPROPERTIES ('{tables.LINES_FROM_1}')")  # as an earlier release made it
+    old = {"kind": "transaction", "raw": "x", "reason": "r", "srcName": "f", "srcPos": 0}
+    writer.append("quarantine", [{**old, "quarantinedAt": datetime.now(timezone.utc)}])
+    assert tables.ensure(spark, cfg, "quarantine", "alerts") == []
+    since = datetime.fromisoformat(properties("quarantine")[tables.LINES_FROM_1])
+    assert tables.read(spark, cfg, "quarantine").first().quarantinedAt < since.replace(tzinfo=None)  # session: UTC
+    versions = tables.delta(spark, cfg, "quarantine").history().count()
+    tables.ensure(spark, cfg, "quarantine")
+    assert tables.delta(spark, cfg, "quarantine").history().count() == versions  # marked once
+    assert properties("quarantine")[tables.LINES_FROM_1] == since.isoformat(timespec="milliseconds")
 
 
 def test_a_transaction_is_appended_once(spark, made):

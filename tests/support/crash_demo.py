@@ -1,6 +1,7 @@
 """The crash demo's harness: a workload with bad records of every class, the job in a child process killed with
-SIGKILL at random points and restarted, and its tables compared with a backtest of the same input (`Demo`,
-`Report`). `tools/crash_demo.py` (`make crash-demo`) and `tests/e2e/test_crash_recovery.py` run it.
+SIGKILL at random points and restarted (or, continuous, put through outages: `tests/support/faults.py`), and its
+tables compared with a backtest of the same input (`Demo`, `Report`). `tools/crash_demo.py` (`make crash-demo`),
+`tests/e2e/test_crash_recovery.py` and `tests/e2e/test_outages.py` run it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fraudrules.rules.model import LOGIN_RULE
 SINK_TABLES = ("transactions", "logins", "quarantine", "alerts", "late_events", "batches")
 PRODUCTION_SCHEMA = "fraudrules"
 PRODUCTION_SHARDS = 16  # the bundle's
+FOREIGN = "concurrent-writer:"  # alertId prefix of the rows another writer appends to `alerts` (faults.py)
 KILL_MODES = {
     "planned": "just after a micro-batch was planned",
     "sink": "just after a sink's Delta commit",
@@ -94,13 +96,17 @@ class Report:
     reconciliation: list[str] = field(default_factory=list)
     reconciled: bool = True
     kafka_lines: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # instead of kills: one line per fault (faults.py)
 
     @property
     def ok(self) -> bool:
         return self.reconciled and all(o.ok for o in self.outcomes)
 
     def summary(self) -> str:
-        lines = [f"crashes: {len(self.kills)} × SIGKILL, then a run to the end", *self.kills]
+        if self.faults:
+            lines = [f"faults: {len(self.faults)} while the job ran, then a clean stop", *self.faults]
+        else:
+            lines = [f"crashes: {len(self.kills)} × SIGKILL, then a run to the end", *self.kills]
         lines += [o.line() for o in self.outcomes] + self.reconciliation + self.kafka_lines
         lines.append("RESULT: exactly once, nothing lost" if self.ok else "RESULT: MISMATCH")
         return "\n".join(lines)
@@ -124,6 +130,8 @@ class Demo:
     event_schema: str | None = None  # the transactions' schema (DDL file): the rich one generates rich events
     printer: object = print
     kafka_bootstrap: str | None = None
+    kafka_options: dict[str, str] = field(default_factory=dict)  # the job's --kafka-option
+    foreign_rows: int = 0  # rows another writer appended to `alerts` (FOREIGN ids): found once each, not compared
     lines: dict[str, list[str]] = field(default_factory=dict)
     bad: dict[str, int] = field(default_factory=dict)
 
@@ -159,6 +167,10 @@ class Demo:
     def input_dir(self, kind: str) -> str:
         return os.path.join(self.root, "input", kind)
 
+    def landing_dir(self, kind: str) -> str:
+        """Where the continuous job reads its files, delivered in parts (faults.py)."""
+        return os.path.join(self.root, "landing", kind)
+
     @property
     def rules(self) -> str:
         return self.rules_path or sample_rules_path(self.schema)
@@ -191,22 +203,31 @@ class Demo:
         )
         return self
 
-    def produce(self, bootstrap: str) -> None:
-        """Kafka variant: the same records, in the same order, into the transactions and logins topics."""
-        from tests.support.kafka_broker import create_topics, produce
+    def use_broker(self, bootstrap: str) -> None:
+        """Kafka variant: the job's topics on this broker."""
+        from tests.support.kafka_broker import create_topics
 
         self.kafka_bootstrap = bootstrap
         cfg = self.job_cfg
         create_topics(bootstrap, [cfg.kafka_transactions_topic, cfg.kafka_logins_topic, "rules", "alerts"])
+
+    def produce(self, bootstrap: str) -> None:
+        """Kafka variant: the same records, in the same order, into the transactions and logins topics."""
+        from tests.support.kafka_broker import produce
+
+        self.use_broker(bootstrap)
+        cfg = self.job_cfg
         for kind, topic in (("transactions", cfg.kafka_transactions_topic), ("logins", cfg.kafka_logins_topic)):
             produce(bootstrap, topic, self.lines[kind])
         self.say(f"produced the records into Kafka topics {cfg.kafka_transactions_topic} and {cfg.kafka_logins_topic}")
 
     # -- 2. crashes ---------------------------------------------------------------------------------------------
 
-    def child_command(self) -> list[str]:
+    def child_command(self, continuous: bool = False) -> list[str]:
+        """The job to the end of its input, or (`continuous`) until it is stopped, on the landing folders."""
         cfg = self.job_cfg
-        run = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--available-now"]
+        run = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator"]
+        run += [] if continuous else ["--available-now"]
         options = {
             "--data-dir": cfg.data_dir,
             "--shards": str(cfg.shards),
@@ -218,11 +239,13 @@ class Demo:
             options |= {"--catalog": str(cfg.catalog), "--schema": str(cfg.schema)}
         if self.event_schema:
             options["--event-schema"] = self.event_schema
+        folder = self.landing_dir if continuous else self.input_dir
         if self.source == "kafka":
             options |= {"--source": "kafka", "--kafka-bootstrap": str(self.kafka_bootstrap)}
         else:
-            options |= {"--transactions": self.input_dir("transactions"), "--logins": self.input_dir("logins")}
-        return [*run, *(part for option in options.items() for part in option)]
+            options |= {"--transactions": folder("transactions"), "--logins": folder("logins")}
+        kafka_options = [part for kv in self.kafka_options.items() for part in ("--kafka-option", "=".join(kv))]
+        return [*run, *(part for option in options.items() for part in option), *kafka_options]
 
     def _batches(self) -> tuple[int, int]:
         """Micro-batches planned (offset log entries) and committed (commit log entries), over all queries."""
@@ -239,16 +262,20 @@ class Demo:
     def _progress(self, mode: str) -> int:
         return self._sink_commits() if mode == "sink" else self._batches()[0 if mode == "planned" else 1]
 
-    def _spawn(self, attempt: int) -> subprocess.Popen:
+    def log_path(self, attempt: int) -> Path:
+        return Path(self.root) / "logs" / f"run-{attempt}.log"
+
+    def spawn(self, attempt: int, continuous: bool = False) -> subprocess.Popen:
+        """The job in a child process of its own process group, its output in `log_path(attempt)`."""
         logs = Path(self.root) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         if self.production:
             env[UPSTREAM_ENV] = "1"
-        with open(logs / f"run-{attempt}.log", "wb") as out:
+        with open(self.log_path(attempt), "wb") as out:
             # Own process group: the kill takes the driver, its JVM and the Python workers at once.
             return subprocess.Popen(
-                self.child_command(),
+                self.child_command(continuous),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -256,8 +283,8 @@ class Demo:
                 start_new_session=True,
             )
 
-    def _log_tail(self, attempt: int, lines: int = 40) -> str:
-        path = Path(self.root) / "logs" / f"run-{attempt}.log"
+    def log_tail(self, attempt: int, lines: int = 40) -> str:
+        path = self.log_path(attempt)
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def crash_loop(
@@ -278,7 +305,7 @@ class Demo:
             started = time.monotonic()
             mode = modes[attempt % len(modes)]
             before = self._progress(mode)
-            child = self._spawn(attempt)
+            child = self.spawn(attempt)
             try:
                 if attempt < kills:
                     target = before + rng.randint(1, max_steps)
@@ -287,7 +314,7 @@ class Demo:
                     time.sleep(rng.uniform(0, 0.3 if mode == "sink" else 1.5))
                     if child.poll() is None:
                         planned, committed = self._batches()
-                        _kill_group(child)
+                        kill_group(child)
                         line = (
                             f"  kill {attempt + 1}: SIGKILL {time.monotonic() - started:.1f} s into run "
                             f"{attempt + 1}, {KILL_MODES[mode]}; micro-batches so far: {planned} planned, "
@@ -300,9 +327,9 @@ class Demo:
                 code = child.wait(timeout=max(1.0, deadline - time.monotonic()))
             finally:
                 if child.poll() is None:
-                    _kill_group(child)
+                    kill_group(child)
             if code != 0:
-                raise RuntimeError(f"job run {attempt + 1} exited with {code}:\n{self._log_tail(attempt)}")
+                raise RuntimeError(f"job run {attempt + 1} exited with {code}:\n{self.log_tail(attempt)}")
             planned, committed = self._batches()
             self.say(
                 f"  run {attempt + 1} (not killed): finished in {time.monotonic() - started:.1f} s; "
@@ -329,7 +356,10 @@ class Demo:
             load_rules_file(self.rules, self.schema),
             logins=self.input_dir("logins"),
         )
-        got = [(r.alertId, r.kind, r.aggregate) for r in self.read(spark, "alerts").collect()]
+        rows = self.read(spark, "alerts").collect()
+        got = [(r.alertId, r.kind, r.aggregate) for r in rows if not r.alertId.startswith(FOREIGN)]
+        if self.foreign_rows:
+            report.reconciliation.append(self._foreign_line(Counter(r.alertId for r in rows), report))
         want = [(r.alertId, r.kind, r.aggregate) for r in tables.read(spark, bt_cfg, "alerts").collect()]
         for label, is_login in (("transactions", False), ("logins", True)):
             mine = [a for a in got if (a[1] == LOGIN_RULE) == is_login]
@@ -393,6 +423,16 @@ class Demo:
             report.kafka_lines = self._kafka_alerts(got)
         return report
 
+    def _foreign_line(self, ids: Counter, report: Report) -> str:
+        """The other writer's rows in `alerts`: each one there once."""
+        foreign = {k: n for k, n in ids.items() if k.startswith(FOREIGN)}
+        ok = len(foreign) == sum(foreign.values()) == self.foreign_rows
+        report.reconciled &= ok
+        return (
+            f"the other writer's rows in alerts: {self.foreign_rows} appended, {sum(foreign.values())} found "
+            f"({len(foreign)} distinct){'' if ok else '  <-- MISMATCH'}"
+        )
+
     def _keyed_counts(self, spark) -> list[str]:
         """The evaluation query's own count (batches.inputRows: keyed events evaluated) against valid × rules.
 
@@ -422,7 +462,7 @@ class Demo:
         missing = len({a[0] for a in delta_alerts} - set(keys))
         return [
             f"Kafka alerts topic (at-least-once): {sum(keys.values())} messages, {len(keys)} distinct alertIds, "
-            f"{sum(keys.values()) - len(keys)} re-published after crashes, {missing} missing"
+            f"{sum(keys.values()) - len(keys)} re-published by replays, {missing} missing"
         ]
 
 
@@ -458,7 +498,7 @@ def _log_entries(folder: Path) -> int:
         return 0
 
 
-def _kill_group(child: subprocess.Popen) -> None:
+def kill_group(child: subprocess.Popen) -> None:
     """SIGKILL the child's process group and wait until none of its processes is left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)

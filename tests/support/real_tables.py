@@ -31,7 +31,7 @@ SHADOW_RULE = {  # a candidate for the fixture's rule 1 with a lower limit, in S
 FIELDS = ("transactionId", "eventTime", "payeeId", "beneficiaryId", "paymentAmount", "paymentType")
 
 
-def bad_records() -> list[str]:
+def bad_records() -> list[bytes]:
     """One record per quarantine reason of ingest.parse()."""
     ok = {
         "transactionId": 9_000_001,
@@ -41,7 +41,7 @@ def bad_records() -> list[str]:
         "paymentAmount": "1.00",
         "paymentType": "CSH",
     }
-    records = ["not json"]
+    records = ["not json", json.dumps(ok)[:40]]  # not an object; an object cut short
     records += [json.dumps({k: v for k, v in ok.items() if k != name}) for name in FIELDS]
     records += [json.dumps(ok | {name: "abc"}) for name in ("transactionId", "eventTime", "payeeId", "beneficiaryId")]
     records += [
@@ -52,7 +52,7 @@ def bad_records() -> list[str]:
         json.dumps(ok | {"eventTime": -5}),
         json.dumps(ok | {"ingestionTimestamp": "soon"}),
     ]
-    return records
+    return [r.encode() for r in records] + [json.dumps(ok).encode().replace(b"CSH", b"C\xffSH")]  # not UTF-8
 
 
 def job_env() -> dict:
@@ -71,7 +71,7 @@ def real_backtest(root: Path) -> Path:
     write_jsonl(str(landing), Workload(count=3000, events_per_second=2.5).transactions(), per_file=3000)
     write_jsonl(str(logins), LoginWorkload(count=600, events_per_second=0.5, attack_every=100).events(), per_file=600)
     bad = landing / "zz-bad.json"
-    bad.write_text("\n".join(bad_records()) + "\n")
+    bad.write_bytes(b"\n".join(bad_records()) + b"\n")
     later = time.time() + 2
     os.utime(bad, (later, later))  # taken last: its batch runs with the watermark of all the others
     rules = root / "rules.json"
@@ -81,5 +81,5 @@ def real_backtest(root: Path) -> Path:
     cmd += ["--max-records-per-trigger", "3000"]  # one micro-batch per file
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert re.search(r"transactions: 3,000 valid, logins: 603 valid, 17 quarantined", proc.stdout), proc.stdout
+    assert re.search(r"transactions: 3,000 valid, logins: 603 valid, 19 quarantined", proc.stdout), proc.stdout
     return root / "data"

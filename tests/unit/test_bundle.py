@@ -440,6 +440,23 @@ def test_jobs_parse_with_the_databricks_bundles_models(bundle):
             jobs_models.Job.from_dict(broken)
 
 
+def test_maintenance_job_runs_fraudrules_maintain_triggered_by_its_dag(bundle):
+    """The maintenance job is `fraudrules maintain` on the bundle's tables with its retentions, without a schedule
+    of its own (the fraud_maintenance DAG triggers it by name); the streaming job expires bronze itself."""
+    from fraudrules.cli import parser
+
+    job = bundle["_jobs"]["fraudrules_maintenance"]
+    assert "schedule" not in job and "trigger" not in job
+    assert f'Param("{job["name"]}"' in (ROOT / "dags" / "fraud_maintenance.py").read_text()
+    (task,) = job["tasks"]
+    args = [with_defaults(a, bundle["variables"]) for a in task["python_wheel_task"]["parameters"]]
+    parsed = parser().parse_args(args)
+    assert parsed.func.__name__ == "cmd_maintain"
+    assert (parsed.catalog, parsed.retention_hours, parsed.log_retention_days) == ("main", 168.0, 30.0)
+    (streaming,) = bundle["_jobs"]["fraudrules_streaming"]["tasks"]
+    assert _options(streaming)["--bronze-retention-days"] == "${var.bronze_retention_days}"
+
+
 def test_quality_task_runs_a_cli_command(bundle):
     from fraudrules.cli import parser
 

@@ -189,10 +189,14 @@ def test_commands_that_only_read_never_create_tables(tmp_path, capsys):
     one_line_error(code, err, f"no data dir {typo}")
     empty = tmp_path / "empty"
     empty.mkdir()
-    for argv in (["rules", "list"], ["quality"], ["export", "alerts", "--out", str(tmp_path / "a.jsonl")]):
+    for argv in (["rules", "list"], ["quality"], ["export", "alerts", "--out", str(tmp_path / "a.jsonl")], ["status"]):
         code, _, err = run_main(capsys, *argv, "--data-dir", str(empty))
         one_line_error(code, err, f"no tables under {empty} (run the job first")
     assert not typo.exists() and list(empty.iterdir()) == []
+    (empty / "run").mkdir()  # a job's run folder: a job that has not made its tables yet is judged
+    code, out, _ = run_main(capsys, "status", "--data-dir", str(empty))
+    assert code == 0 and json.loads(out)["action"] == "start"
+    assert [p.name for p in (empty / "run").iterdir()] == ["monitor-last.json"]
 
 
 def test_missing_jars_are_a_one_line_error(tmp_path, monkeypatch, capsys):
@@ -215,6 +219,7 @@ def test_an_invalid_log_level_is_a_usage_error(monkeypatch, capsys, tmp_path):
 def test_verbose_brings_spark_warnings_back(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv(logs.ENV, "ERROR")  # restored after the test, as main() sets it
     assert logs.quiet()
+    (tmp_path / "tables").mkdir()
     code, out, _ = run_main(capsys, "status", "--verbose", "--data-dir", str(tmp_path))
     assert code == 0 and json.loads(out)
     assert logs.level() == "WARN" and not logs.quiet()

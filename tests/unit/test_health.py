@@ -88,6 +88,14 @@ def test_heartbeat_is_the_newest_evaluate_batch(batches, data_dir):
     assert beat["p99_ms"] == [0.0, 10.0, 20.0, 30.0, 40.0]
 
 
+def test_status_prints_latencies_rounded_and_creates_nothing(batches, data_dir):
+    now = time.time()
+    batches.append([batch_row(1, now - 1, p99=2370.9999999999995), batch_row(2, now, p99=12.345678)])
+    printed = json.dumps(health.status(str(data_dir), now=now + 0.123456789))
+    assert '"p99_ms": [2371.0, 12.3]' in printed and f'"checked_at": {round(now + 0.123456789, 3)}' in printed
+    assert sorted(p.name for p in data_dir.iterdir()) == ["tables"]  # no run folder, no remembered status
+
+
 def test_never_started(data_dir):
     verdict = health.status(str(data_dir))
     assert verdict["action"] == "start" and verdict["reason"] == "never started here"
@@ -163,6 +171,26 @@ def test_dead_job(batches, data_dir, fake_job):
     verdict = health.status(str(data_dir), health.Thresholds(stale_after_s=120), now=now)
     assert verdict["action"] == "start" and verdict["reason"] == f"process {proc.pid} is not running"
     assert verdict["flags"]["dead"] and verdict["flags"]["stale_heartbeat"]
+
+
+def test_a_clean_stop_reads_as_stopped_a_crash_as_dead(batches, data_dir, fake_job):
+    proc, record = fake_job
+    now = time.time()
+    record(started_at=now - 300)
+    batches.append([batch_row(1, now - 200)])
+    assert not health.mark_stopped(str(data_dir), pid=proc.pid + 1)  # another process's stop: not this record
+    assert health.mark_stopped(str(data_dir), pid=proc.pid, now=now - 10)  # `fraudrules run` after a clean stop
+    proc.kill()
+    proc.wait()
+    verdict = health.status(str(data_dir), health.Thresholds(stale_after_s=120), now=now)
+    assert verdict["action"] == "start" and verdict["reason"] == f"process {proc.pid} stopped cleanly"
+    assert verdict["process"]["stopped_at"] == round(now - 10, 3) and verdict["problems"] == []
+    flags = verdict["flags"]
+    assert flags["stopped"] and not flags["dead"] and not flags["stale_heartbeat"] and not flags["running"]
+    record(started_at=now)  # started again, then gone without a clean stop: dead
+    crashed = health.status(str(data_dir), health.Thresholds(stale_after_s=120), now=now)
+    assert crashed["flags"]["dead"] and not crashed["flags"]["stopped"]
+    assert crashed["reason"] == f"process {proc.pid} is not running"
 
 
 def test_latency_high_and_rising(batches, data_dir, fake_job):

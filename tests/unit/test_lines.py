@@ -37,14 +37,15 @@ def drain(r: lines.LinesReader, limit=None, start: dict | None = None) -> list[l
 
 
 def literal(files: list[Path]) -> list[tuple[str, int, bytes]]:
-    """Every line of the files, in order: split at newlines, numbered from 0 (a final newline ends a line)."""
+    """Every line of the files, in order: split at newlines, numbered from 1 as an editor numbers them (a final
+    newline ends a line)."""
     out = []
     for path in files:
         data = path.read_bytes()
         parts = data.split(b"\n")
         if data.endswith(b"\n") or not data:
             parts = parts[:-1]
-        out += [(path.name, i, line) for i, line in enumerate(parts)]
+        out += [(path.name, i, line) for i, line in enumerate(parts, start=1)]
     return out
 
 

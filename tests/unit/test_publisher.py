@@ -7,6 +7,7 @@ holds a batch's alerts until they are published), and a failed publish failing t
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -88,3 +89,55 @@ def test_close_ends_a_producer_after_its_last_publish(tmp_path):
     p.submit(0, alerts("1:1"))
     p.close()
     assert events == ["publish", "close"]
+
+
+def test_abort_cancels_a_publish_the_broker_does_not_take_and_leaves_it_unpublished(tmp_path):
+    """After a failure the stop does not wait out the producer's delivery timeout: the publish in flight is
+    cancelled, the batch stays unpublished (the next start publishes it), and a later hand-over is refused."""
+    events: list[str] = []
+    cancelled = threading.Event()
+
+    class Producer:
+        def __call__(self, table: pa.Table) -> None:
+            if not cancelled.wait(30):  # a broker that is down: delivery waits for its timeout
+                events.append("delivered")
+                return
+            raise RuntimeError("1 of 1 alerts not delivered to alerts: Local: Purged in queue")
+
+        def cancel(self) -> None:
+            events.append("cancel")
+            cancelled.set()
+
+        def close(self) -> None:
+            events.append("close")
+
+    p = Publisher(Producer(), Outbox(str(tmp_path)))
+    p.submit(0, alerts("1:1"))
+    started = time.monotonic()
+    p.abort(wait_s=0.2)
+    assert time.monotonic() - started < 5
+    assert events == ["cancel", "close"] and p.published() == -1
+    with pytest.raises(RuntimeError, match="micro-batch 0 to the alerts topic failed"):
+        p.submit(1, alerts("1:2"))
+
+
+def test_abort_lets_a_publish_in_flight_finish_within_its_wait(tmp_path):
+    events: list[str] = []
+
+    class Producer:
+        def __call__(self, table: pa.Table) -> None:
+            time.sleep(0.2)
+            events.append("publish")
+
+        def cancel(self) -> None:
+            events.append("cancel")
+
+        def close(self) -> None:
+            events.append("close")
+
+    p = Publisher(Producer(), Outbox(str(tmp_path)))
+    p.submit(0, alerts("1:1"))
+    p.abort(wait_s=10)
+    assert events == ["publish", "close"] and p.published() == 0
+    with pytest.raises(RuntimeError, match="micro-batch 1: the publisher stopped after a failure"):
+        p.submit(1, alerts("1:2"))

@@ -3,17 +3,20 @@ exactly once per micro-batch with Delta's transaction (query, batch id)."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
-from fraudrules import tables
+from fraudrules import maintenance, tables
 from fraudrules.config import JobConfig
 from fraudrules.engine.ingest import with_defaults
 from fraudrules.session import background_thread
+
+EXPIRE_EVERY_S = 3_600.0  # bronze rows past their retention are deleted this often
 
 
 class IngestSink:
@@ -24,6 +27,7 @@ class IngestSink:
     def __init__(self, cfg: JobConfig, query: str, kind: str = "transaction"):
         self.cfg, self.query, self.kind = cfg, query, kind
         self.bronze = "transactions" if kind == "transaction" else "logins"
+        self.expired_at: float | None = None  # when this run last deleted bronze rows past their retention
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         """The stamps come from Python: a `current_timestamp()` is a constant that Spark compiles into new code
@@ -50,6 +54,18 @@ class IngestSink:
                 }
             )
             writer.append("quarantine", _stamped(rows, "quarantinedAt", stamp), txn)
+        self.expire(spark)
+
+    def expire(self, spark: SparkSession) -> None:
+        """Bronze retention, at the first micro-batch of a run and then hourly: this query is the table's only
+        writer in the job, so its delete never races the job's appends."""
+        now = time.monotonic()
+        if self.expired_at is None or now - self.expired_at >= EXPIRE_EVERY_S:
+            try:
+                maintenance.expire_bronze(spark, self.cfg, self.bronze)
+            except maintenance.conflicts(self.cfg):
+                return  # a concurrent compaction (the scheduled pass) came first: the next micro-batch tries again
+            self.expired_at = now
 
 
 def _stamped(rows: pa.Table, column: str, stamp: pa.Scalar) -> pa.Table:

@@ -28,6 +28,7 @@ from fraudrules.session import background_thread
 
 BACKGROUND_POOL = "background"
 HOT_POOL = "evaluate"  # scheduler pool (fairscheduler.xml) of evaluation and rule changes
+PUBLISH_WAIT_S = 5.0  # after a failure, how long a publish in flight may take before it is cancelled
 
 
 class Committer(threading.Thread):
@@ -69,15 +70,34 @@ class Committer(threading.Thread):
                 return
             self.halt.wait(self.min_interval_s)
 
-    def stop(self) -> None:
-        """Publish and commit what is pending and end the thread."""
+    def stop(self, failed: bool = False) -> None:
+        """Publish and commit what is pending and end the thread. After a failure (`failed`) what cannot be written
+        now is left in the outbox, which the next start commits and publishes first: a publish the broker has not
+        taken within PUBLISH_WAIT_S is cancelled, and a commit that fails is reported, not raised."""
+        if failed and self.publisher:  # first: a micro-batch waiting for this publish holds its query's stop up
+            self.publisher.abort(PUBLISH_WAIT_S)
         self.halt.set()
         self.wake.set()
         if self.is_alive():
             self.join()
-        self.drain()
+        if not failed:
+            self.drain()
+            if self.publisher:
+                self.publisher.close()
+            return
+        try:
+            self.commit_pending()
+        except Exception as err:
+            if self.printer:
+                self.printer(
+                    f"[{self.query}] results stay in the outbox for the next start: {progress.error_line(err)}"
+                )
+
+    def discard(self) -> None:
+        """End a committer whose thread has not started, writing nothing (the outbox keeps it all): its publisher's
+        thread and producer."""
         if self.publisher:
-            self.publisher.close()
+            self.publisher.abort(0)
 
     def drain(self) -> None:
         """Wait for the publish in flight (raising its error), then commit every finished micro-batch."""

@@ -159,19 +159,22 @@ def _required(node: Node) -> bool:
     return node.not_null or node.path in (ID, TIME)
 
 
+NOT_UTF8 = "not valid UTF-8"
+TRUNCATED = "malformed JSON: truncated (the record does not end with })"
 NOT_OBJECT = "malformed JSON: not a JSON object"
+MALFORMED = (NOT_UTF8, TRUNCATED, NOT_OBJECT)  # what `_malformed` checks, in order
 EVENT_TIME_RANGE = "eventTime out of range"
 
 
 def reasons(schema: EventSchema = DEFAULT) -> list[str]:
-    """Every reason `parse` can give a record of this schema, in the order it checks them: not an object; a
-    required field missing (NOT NULL, transactionId, eventTime); a required field's type; eventTime's range; an
-    optional field's type (in declaration order within each)."""
+    """Every reason `parse` can give a record of this schema, in the order it checks them: not UTF-8, truncated, not
+    an object (`MALFORMED`); a required field missing (NOT NULL, transactionId, eventTime); a required field's type;
+    eventTime's range; an optional field's type (in declaration order within each)."""
     nodes = list(schema.nodes())
     missing = [f"missing {n.path}" for n in nodes if _required(n)]
     required = [r for n in nodes if _required(n) for r in _type_reasons(n)]
     optional = [r for n in nodes if not _required(n) for r in _type_reasons(n)]
-    return [NOT_OBJECT, *missing, *required, EVENT_TIME_RANGE, *optional]
+    return [*MALFORMED, *missing, *required, EVENT_TIME_RANGE, *optional]
 
 
 def parse(raw: DataFrame, schema: EventSchema = DEFAULT) -> DataFrame:
@@ -200,7 +203,7 @@ def _error(record: _Record, reads: dict[str, Column]) -> Column:
     nodes = list(record.schema.nodes())
     event_time = reads[TIME]
     conditions = [
-        _not_object(record.j),
+        *_malformed(record.j),
         *(record.within(n) & record.text[n.path].isNull() for n in nodes if _required(n)),
         *(c for n in nodes if _required(n) for c in _type_conditions(n, record, reads)),
         (event_time < 0) | (event_time > MAX_EVENT_TIME_MS),
@@ -212,7 +215,7 @@ def _error(record: _Record, reads: dict[str, Column]) -> Column:
 LOGIN_SCHEMA = "userId string, eventType string, ipAddress string, eventTimestamp string, ingestionTimestamp string"
 EVENT_TYPES = ("FAIL", "SUCCESS")
 LOGIN_REASONS = (  # what `parse_logins` checks, in order
-    NOT_OBJECT,
+    *MALFORMED,
     "missing userId",
     "missing eventType",
     "missing ipAddress",
@@ -251,7 +254,7 @@ def parse_logins(raw: DataFrame) -> DataFrame:
     )
     j = F.col("j")
     conditions = [
-        _not_object(j),
+        *_malformed(j),
         *(j[n].isNull() for n in ("userId", "eventType", "ipAddress", "eventTimestamp")),
         F.col("userId").isNull(),
         F.col("eventTimestamp").isNull(),
@@ -263,8 +266,11 @@ def parse_logins(raw: DataFrame) -> DataFrame:
     return typed.withColumn("error", _reason(list(zip(conditions, LOGIN_REASONS, strict=True)))).drop("j")
 
 
-def _not_object(j: Column) -> Column:
-    return j.isNull() | ~F.ltrim("value").startswith("{") | ~F.rtrim("value").endswith("}")
+def _malformed(j: Column) -> list[Column]:
+    """The conditions of `MALFORMED`. Bytes that are not UTF-8 come first: the parser reads them as another
+    character, and the record would be quarantined for the value that holds them, or pass."""
+    opens, closes = F.ltrim("value").startswith("{"), F.rtrim("value").endswith("}")
+    return [~F.is_valid_utf8("value"), opens & ~closes, j.isNull() | ~opens | ~closes]
 
 
 def with_defaults(parsed: DataFrame) -> DataFrame:

@@ -188,18 +188,26 @@ class Job:
             q.processAllAvailable()
         self.commit()
 
-    def stop(self, drain_s: float = 30.0) -> None:
+    def stop(self, drain_s: float = 30.0, failed: bool = False) -> None:
         """Stop every query, then commit what their committers hold; with `drain_s`, each query first gets
         that long to finish the micro-batch it is in (stopping interrupts a running batch: it is redone on
-        restart, but the JVM reports the interruption)."""
+        restart, but the JVM reports the interruption). After a failure (`failed`) the committers end first,
+        without waiting for a broker or storage that is down (`Committer.stop`): a micro-batch waiting for a
+        publish would hold its query's stop up."""
+        if failed:
+            self._end_committers(failed)
         deadline = time.monotonic() + drain_s
         for q in self.queries:
             while q.isActive and q.status["isTriggerActive"] and time.monotonic() < deadline:
                 time.sleep(0.1)
             if q.isActive:
                 q.stop()
+        if not failed:
+            self._end_committers(failed)
+
+    def _end_committers(self, failed: bool) -> None:
         for c in self.committers:
-            c.stop()
+            c.stop(failed)
 
 
 def query(
@@ -237,20 +245,27 @@ def start(
     names = names or query_names(cfg)
     if printer and (note := pyspark_compat.notice()):
         printer(note)
-    queries, committers = {}, []
-    for name in names:
-        df, sink = query(spark, cfg, name, printer)
-        if isinstance(sink, ResultSink):
-            if sink.publisher:
-                sink.publisher.recover()  # a previous run's alerts that did not reach the topic
-            sink.committer.commit_pending()  # a previous run's results first: Delta sees them in batch order
-            committers.append(sink.committer)
-        queries[name] = start_query(spark, df, sink, cfg, name)
+    planned = {name: query(spark, cfg, name, printer) for name in names}
+    committers = [sink.committer for _, sink in planned.values() if isinstance(sink, ResultSink)]
+    running = Job({}, committers)
+    try:
+        for c in committers:  # a previous run's results before any query starts: Delta sees them in batch order
+            if c.publisher:
+                c.publisher.recover()  # its alerts that did not reach the topic
+            c.commit_pending()
+        for name, (df, sink) in planned.items():
+            running.by_name[name] = start_query(spark, df, sink, cfg, name)
+    except BaseException:  # a broker or storage still down: nothing of this start keeps running
+        for q in running.queries:
+            q.stop()
+        for c in committers:
+            c.discard()
+        raise
     for c in committers:
         c.start()
     for future in warming:
         future.result()  # done by now; a failure is the one the query's own call met
-    return Job(queries, committers)
+    return running
 
 
 def _import_processors(_: int) -> None:

@@ -167,10 +167,11 @@ class AlertsProducer:
 
     def __init__(self, cfg: JobConfig):
         self.topic = str(cfg.kafka_alerts_topic)
-        # librdkafka's own log: errors only (its warnings are retries it makes itself; a message it cannot deliver
-        # fails its delivery, raised here)
+        self.client_error: object = None  # the last error of librdkafka's own (connection, authentication)
+        # librdkafka's own log: critical only. Its errors are retries it makes itself, one line every few hundred ms
+        # while a broker is down; a message it cannot deliver fails its delivery, raised here with the last of them.
         try:
-            self.producer = Producer({**producer_config(cfg), "log_level": 3})
+            self.producer = Producer({**producer_config(cfg), "log_level": 2, "error_cb": self._client_error})
         except KafkaException as err:
             raise ValueError(f"the alerts producer (librdkafka) cannot take the job's Kafka options: {err}") from err
 
@@ -191,7 +192,18 @@ class AlertsProducer:
             send(self.producer, self.topic, value.encode(), key.encode(), delivered)
         self.producer.flush()
         if errors:
-            raise RuntimeError(f"{len(errors)} of {len(values)} alerts not delivered to {self.topic}: {errors[0]}")
+            last = f" (the client's last error: {self.client_error})" if self.client_error else ""
+            raise RuntimeError(
+                f"{len(errors)} of {len(values)} alerts not delivered to {self.topic}: {errors[0]}{last}"
+            )
+
+    def _client_error(self, err: object) -> None:
+        self.client_error = err
+
+    def cancel(self) -> None:
+        """Drop the messages not delivered yet: a send waiting for them returns with their delivery errors at once
+        instead of after the delivery timeout (a broker that is down)."""
+        self.producer.purge()
 
     def close(self) -> None:
         """Deliver what is left and end the producer's connections (else it retries them while its process lives)."""

@@ -7,7 +7,8 @@ when the bound says so; a micro-batch's range is cut into partitions of half the
 and at most `partitionBytes` (big files split, small ones packed together), read in parallel.
 
 Rows: `value` (the line's bytes), `srcTime` (the file's modification time, ms), `srcName` (the file's URI) and
-`srcPos` (the line's number in its file, from 0; blank lines keep their number and are dropped downstream).
+`srcPos` (the line's number in its file, from 1 as an editor counts; blank lines keep their number and are dropped
+downstream). Offsets count lines from 0, as checkpoints of every release do.
 
 Which files exist is kept in a ledger (`ledger` option: a folder in the query's checkpoint): every file is given
 the next index the first time a listing sees it, in (modification time, path) order, and the index is written
@@ -421,7 +422,7 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 values,
                 pa.array(np.full(n, partition.mtime_ms, dtype=np.int64)),
                 pa.array([partition.uri] * n, pa.string()),
-                pa.array(line + np.arange(n, dtype=np.int64)),
+                pa.array(line + 1 + np.arange(n, dtype=np.int64)),  # `line` counts from 0, srcPos from 1
             ],
             names=["value", "srcTime", "srcName", "srcPos"],
         )

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -42,6 +43,35 @@ def say(line: str) -> None:
 
 
 STATEFUL = (EVALUATE_QUERY,)  # the job's stateful query: both detectors
+TRACEBACK = "Traceback (most recent call last):"
+RAISED = re.compile(r"^[A-Za-z_][\w.]*: \S.*$", re.MULTILINE)  # a traceback's "SomeError: message" line
+ROOT_CAUSE = re.compile(r"^Caused by: (.+)$", re.MULTILINE)  # a Java stack trace's causes, the root one last
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CAUSED = "↳"  # delta-rs puts each cause of an error on a line of its own, after this
+
+
+def error_line(error: BaseException | str) -> str:
+    """What failed, in one line: for an error a Python function raised inside Spark (a foreachBatch sink), whose
+    message is the traceback, the error it ends with and what that came from; otherwise the first line, with the
+    causes delta-rs lists below it; then the root cause of a Java stack trace in it (a failed task's)."""
+    text = ANSI.sub("", str(error)).strip()
+    line = _raised_in_python(text) or _first_line(text) or type(error).__name__
+    root = [cause.strip() for cause in ROOT_CAUSE.findall(text)]
+    return f"{line} (caused by {root[-1]})" if root and root[-1] not in line else line
+
+
+def _raised_in_python(text: str) -> str | None:
+    if TRACEBACK not in text:
+        return None
+    traceback = text[text.index(TRACEBACK) :].split("\n=== Streaming Query ===")[0]
+    raised = list(dict.fromkeys(RAISED.findall(traceback)))  # Spark may quote the traceback twice
+    return raised[-1] + "".join(f" (from {cause})" for cause in reversed(raised[:-1])) if raised else None
+
+
+def _first_line(text: str) -> str:
+    first, *rest = text.splitlines() or [""]
+    causes = [row.strip().removeprefix(CAUSED).strip() for row in rest if row.strip().startswith(CAUSED)]
+    return ": ".join([first, *causes])
 
 
 def inputs_text(transactions: int, logins: int, period_s: float | None = None) -> str:
@@ -228,8 +258,7 @@ class ProgressPrinter(StreamingQueryListener):
     def onQueryTerminated(self, event) -> None:
         name = self.names.get(str(event.id), str(event.id))
         if event.exception:
-            first_line = str(event.exception).strip().splitlines()[0] if str(event.exception).strip() else "error"
-            self.printer(f"[{name}] FAILED: {first_line}")
+            self.printer(f"[{name}] FAILED: {error_line(event.exception)}")
         else:
             self.printer(f"[{name}] stopped")
         with self.lock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import pyarrow as pa
 
@@ -29,11 +29,14 @@ class Publisher:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="publisher")
         self.lock = threading.Lock()
         self.last: tuple[int, Future] | None = None  # the last batch handed over and its publish
+        self.aborted = False
 
     def submit(self, batch_id: int, alerts: pa.Table) -> None:
         """Publish a micro-batch's alerts once the previous micro-batch's are (raising that publish's error)."""
         self.flush()
         with self.lock:
+            if self.aborted:
+                raise RuntimeError(f"micro-batch {batch_id}: the publisher stopped after a failure (redone on restart)")
             self.last = batch_id, self.pool.submit(self._publish, batch_id, alerts)
 
     def flush(self) -> None:
@@ -51,6 +54,23 @@ class Publisher:
     def close(self) -> None:
         """Wait for the last publish, then end the thread, and the producer if `publish` is one (`close`)."""
         self.flush()
+        self._end()
+
+    def abort(self, wait_s: float) -> None:
+        """After a failure: give the publish in flight `wait_s` to finish, then cancel what the producer still holds
+        (`cancel`, when `publish` has it) and end the thread and the producer, raising nothing. What is not
+        published stays in the outbox: the next start publishes it (`recover`)."""
+        with self.lock:
+            last, self.aborted = self.last, True
+        if last is not None:
+            done = wait([last[1]], timeout=wait_s).done
+            cancel = getattr(self.publish, "cancel", None)
+            while not done and cancel is not None:  # a send still queueing adds messages after a cancel: again
+                cancel()
+                done = wait([last[1]], timeout=1.0).done
+        self._end()
+
+    def _end(self) -> None:
         self.pool.shutdown()
         if close := getattr(self.publish, "close", None):
             close()

@@ -1,11 +1,14 @@
-"""The job in the foreground (`fraudrules run`): every query until Ctrl-C/SIGTERM, a time limit, the end of
-the input (available-now) or a failed query.
+"""The job in the foreground (`fraudrules run`): every query until Ctrl-C/SIGTERM, a time limit or the end of the
+input (available-now), restarted from its checkpoints after a failure.
 
 Stopping lets in-flight micro-batches finish first, so nothing is interrupted mid-commit (a second Ctrl-C stops
 at once: an interrupted batch is redone on restart). Long waits show their progress: the first micro-batches
-(Python workers and state stores start) and the drain. A failed query ends the run with its error, so that
-whatever supervises the process (Databricks' continuous trigger, the local supervisor) restarts it; it resumes
-from the checkpoints.
+(Python workers and state stores start) and the drain. A failed query or committer stops the others, and after a
+backoff the job starts its queries again in the same session, as a cluster retries a failed task or run: a broker
+or storage that is down for a while costs restarts, not the job (`Restarts`, `restartable`). Replays are
+idempotent (outbox and Delta transactions), so a restart loses and duplicates nothing. A JVM that died, too many
+restarts in an hour, or an error a restart meets again end the run with the error, for whatever supervises the
+process (Databricks' continuous trigger, the local supervisor).
 """
 
 from __future__ import annotations
@@ -16,17 +19,19 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pyspark.sql import SparkSession
 
-from fraudrules import event_schema, tables
-from fraudrules.config import JobConfig
+from fraudrules import event_schema, logs, tables
+from fraudrules.config import MAX_RESTARTS, JobConfig
 from fraudrules.engine import job, progress
 from fraudrules.engine.messages import rule_text
-from fraudrules.engine.progress import Printer, ProgressPrinter, say
+from fraudrules.engine.progress import Printer, ProgressPrinter, error_line, say
+from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
-from fraudrules.rules.model import load_rules_file
+from fraudrules.rules.model import RuleError, load_rules_file
 
 DRAIN_S = 60.0  # how long a stop waits for the micro-batches in progress
 TICK_S = 5.0  # progress of a long wait, this often
@@ -94,32 +99,105 @@ def run(
     seconds: float = 0.0,
     printer: Printer = say,
     stop: Stop | None = None,
+    restarts: Restarts | None = None,
 ) -> BaseException | None:
-    """Run the job (and start `writers`, the demo generator) until it is told to stop; the error of a query
-    (or committer) that failed, if one did."""
+    """Run the job (and start `writers`, the demo generator) until it is told to stop; the error that ended it, if
+    one did. A query or committer that fails stops the others; after a backoff the queries start again from their
+    checkpoints in this session, as long as `restarts` allows (default `Restarts()`) and the error is `restartable`.
+    A first start that fails raises its error."""
     stop = stop or Stop(printer)  # no exception mid-call into the JVM: the loops below look at it
     stop.starting = None
-    listener = ProgressPrinter(printer)
-    spark.streams.addListener(listener)
+    restarts = restarts or Restarts()
+    deadline = time.monotonic() + seconds if seconds else None
     for writer in writers:  # first: the queries' first micro-batch already holds input
         writer.start()
     try:
-        running = job.start(spark, cfg, printer=printer)
-    except BaseException:
-        _stop_writers(writers)
-        raise
-    reason = "stopping"
-    try:
-        reason = watch(running, listener, cfg, stop, seconds, printer)
+        started = time.monotonic()
+        failed = attempt(spark, cfg, stop, deadline, printer, first=True)
+        while failed is not None and not stop.requested.is_set() and restartable(failed):
+            wait_s = restarts.backoff(time.monotonic() - started)
+            if wait_s is None:
+                if restarts.per_hour:
+                    printer(f"no restart: {restarts.per_hour} in the last hour already (--max-restarts)")
+                break
+            n = restarts.count
+            printer(f"the job failed: {error_line(failed)}; restart {n} in {wait_s:.0f} s")
+            if stop.requested.wait(wait_s):
+                return None  # everything is stopped already: a clean stop
+            printer(f"restart {n}: the queries start again from their checkpoints")
+            spark.sparkContext.setLogLevel(logs.level())  # the failure's drain silenced Spark
+            started = time.monotonic()
+            failed = attempt(spark, cfg, stop, deadline, printer)
+        return failed
     finally:
         _stop_writers(writers)
-        failed = failure(running)
-        printer(f"{reason}…" if failed else f"{reason}: micro-batches in progress finish (Ctrl-C again: at once)…")
-        spark.sparkContext.setLogLevel("FATAL")  # a batch still running after the drain is interrupted: not an error
-        drain(running, stop, 0 if failed else DRAIN_S, printer)
-        listener.wait_ended(list(running.by_name), ENDED_WAIT_S)
+
+
+@dataclass
+class Restarts:
+    """When a failed job restarts (`run`): at most `per_hour` restarts in any hour (0: none), each after a backoff
+    that doubles from `first_s` up to `max_s`, and is back to `first_s` once a run lasted `healthy_s`."""
+
+    per_hour: int = MAX_RESTARTS
+    first_s: float = 5.0
+    max_s: float = 60.0
+    healthy_s: float = 300.0
+    made: list[float] = field(default_factory=list)  # when each restart was decided (monotonic)
+    wait_s: float = 0.0  # the last backoff
+
+    @property
+    def count(self) -> int:
+        return len(self.made)
+
+    def backoff(self, ran_s: float) -> float | None:
+        """After a run of `ran_s` that failed: how long to wait before its restart, or None when the last hour's
+        restarts are used up."""
+        now = time.monotonic()
+        if sum(now - t < 3600 for t in self.made) >= self.per_hour:
+            return None
+        healthy = ran_s >= self.healthy_s or not self.made
+        self.wait_s = self.first_s if healthy else min(2 * self.wait_s, self.max_s)
+        self.made.append(now)
+        return self.wait_s
+
+
+def restartable(err: BaseException) -> bool:
+    """Whether a restart in this process may get past `err`: the errors of a source, a sink, the table writer or
+    the publisher (a broker or storage that is down, a failed commit), as a cluster's task and run retries retry
+    them; not a JVM that died, ran out of memory or lost a Python worker (`failures.explain`: the process has to
+    go), nor a job that does not fit its checkpoint or rules (SchemaError, RuleError: a restart meets them again)."""
+    from fraudrules import failures  # not at import: it loads local_runtime, which a cluster's job never needs
+
+    return not isinstance(err, SchemaError | RuleError) and failures.explain(err) is None
+
+
+def attempt(
+    spark: SparkSession, cfg: JobConfig, stop: Stop, deadline: float | None, printer: Printer, first: bool = False
+) -> BaseException | None:
+    """Start the queries and run them until a stop, the deadline, the end of the input or a failure, then stop
+    them all; the failure, if one ended them, or a start's error (raised on the `first` start)."""
+    listener = ProgressPrinter(printer)  # one per start: the queries' names come again
+    spark.streams.addListener(listener)
+    try:
+        try:
+            running = job.start(spark, cfg, printer=printer)
+        except Exception as err:
+            if first:
+                raise
+            return err
+        reason = "stopping"
+        try:
+            reason = watch(running, listener, cfg, stop, deadline, printer)
+        finally:
+            failed = failure(running)
+            printer(f"{reason}…" if failed else f"{reason}: micro-batches in progress finish (Ctrl-C again: at once)…")
+            # a batch still running after the drain is interrupted: not an error
+            spark.sparkContext.setLogLevel("FATAL")
+            drain(running, stop, 0 if failed else DRAIN_S, printer, failed=failed is not None)
+            listener.wait_ended(list(running.by_name), ENDED_WAIT_S)
+        return failed or failure(running)
+    finally:
         spark.streams.removeListener(listener)
-    return failed or failure(running)
 
 
 def _stop_writers(writers: Sequence[Writer]) -> None:
@@ -128,12 +206,11 @@ def _stop_writers(writers: Sequence[Writer]) -> None:
 
 
 def watch(
-    running: job.Job, listener: ProgressPrinter, cfg: JobConfig, stop: Stop, seconds: float, printer: Printer
+    running: job.Job, listener: ProgressPrinter, cfg: JobConfig, stop: Stop, deadline: float | None, printer: Printer
 ) -> str:
-    """Until a stop, the time limit, a failed query or (available-now) the end of the input, which it returns:
-    the wait for the first micro-batches, then every REPORT_S the stateful queries' throughput."""
+    """Until a stop, the deadline, a failed query or (available-now) the end of the input, which it returns: the
+    wait for the first micro-batches, then every REPORT_S the stateful queries' throughput."""
     started = time.monotonic()
-    deadline = started + seconds if seconds else None
     stateful = [name for name in running.by_name if name in progress.STATEFUL]
     printer(f"waiting for the first micro-batches of {', '.join(stateful)} (Python workers and state stores start)")
     last_tick = last_report = started
@@ -165,7 +242,7 @@ def _ended(running: job.Job, cfg: JobConfig, stop: Stop, deadline: float | None)
     if stop.requested.is_set():
         return "stopping"
     if failure(running) is not None:
-        return "a query failed: stopping the others"
+        return "a query or committer failed: stopping the others"
     active = [q.isActive for q in running.queries]
     if cfg.available_now and not any(active):
         return "the input is processed: stopping"
@@ -176,10 +253,12 @@ def _ended(running: job.Job, cfg: JobConfig, stop: Stop, deadline: float | None)
     return None
 
 
-def drain(running: job.Job, stop: Stop, drain_s: float, printer: Printer) -> None:
+def drain(running: job.Job, stop: Stop, drain_s: float, printer: Printer, failed: bool = False) -> None:
     """Stop every query, giving each up to `drain_s` to finish its micro-batch (none after a second Ctrl-C),
-    then commit what the committers hold; prints what it is waiting for meanwhile."""
-    stopper = threading.Thread(target=running.stop, kwargs={"drain_s": drain_s}, name="drain", daemon=True)
+    then commit what the committers hold (after a failure, what they can: `Job.stop`); prints what it is waiting
+    for meanwhile."""
+    stop_args = {"drain_s": drain_s, "failed": failed}
+    stopper = threading.Thread(target=running.stop, kwargs=stop_args, name="drain", daemon=True)
     started = last_tick = time.monotonic()
     stopper.start()
     hurried = False
@@ -200,7 +279,8 @@ def drain(running: job.Job, stop: Stop, drain_s: float, printer: Printer) -> Non
 
 
 def failure(running: job.Job) -> BaseException | None:
-    """The error of a query that died, or of a committer that could not write to Delta."""
-    errors = [q.exception() for q in running.queries if not q.isActive and q.exception() is not None]
-    errors += [c.error for c in running.committers if c.error is not None]
+    """The error of a committer that could not write to Delta (first: the query it serves fails of it too), or of
+    a query that died."""
+    errors = [c.error for c in running.committers if c.error is not None]
+    errors += [q.exception() for q in running.queries if not q.isActive and q.exception() is not None]
     return errors[0] if errors else None

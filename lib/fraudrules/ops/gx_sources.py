@@ -30,6 +30,7 @@ from great_expectations.datasource.fluent.config_str import ConfigStr
 from great_expectations.datasource.fluent.constants import _DATA_CONNECTOR_NAME
 from great_expectations.datasource.fluent.interfaces import Batch, DataAsset, TestConnectionError
 from great_expectations.datasource.fluent.spark_datasource import _SparkDatasource
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from fraudrules import event_schema, tables
@@ -171,7 +172,7 @@ def window_state(
     """The evaluate query's retained events that a window can still reach (by the shards' watermarks `marks`),
     one row each, with the batch's facts."""
     frame = _facts(state_reader.entries(spark, cfg, batch.batch_id, marks), cfg, batch, _watermark(marks))
-    return spark.createDataFrame(frame, WINDOW_STATE_SCHEMA)
+    return _kept(spark.createDataFrame(frame, WINDOW_STATE_SCHEMA))
 
 
 def login_state(
@@ -180,7 +181,14 @@ def login_state(
     """The login detector's open sequences, one row each, with the batch's facts."""
     frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch, _watermark(marks))
     rows = frame.astype(object).where(pd.notna(frame), None).to_dict("records")
-    return spark.createDataFrame(rows, LOGIN_STATE_SCHEMA)
+    return _kept(spark.createDataFrame(rows, LOGIN_STATE_SCHEMA))
+
+
+def _kept(frame: DataFrame) -> DataFrame:
+    """A frame made from the driver's rows, kept in Spark's block store by the first expectation that reads it: else
+    every expectation (each a Spark job or more) ships every row to its tasks again, which on the state of a job
+    that ran an hour (millions of retained events) took longer than the job's hour."""
+    return frame.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 # ------------------------------------------------------------------------------------------ GX types

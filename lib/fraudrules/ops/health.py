@@ -8,10 +8,10 @@
 - lag: landing files the evaluate query has not read to the end (its source's ledger and committed offsets).
 
 `judge` turns these into flags and one recommended action, the same rules for both DAG targets: "start" (not
-running), "restart" (running but no batch committed for `stale_after_s` while input waits - its own generator,
-landing files it has not taken, or a source this cannot see - or none at all within `startup_grace_s` of
-starting) or "none". An idle job without input commits nothing and is left alone. Latency and lag are
-reported, not acted on: a restart does not make a slow job fast.
+running: stopped cleanly, which `fraudrules run` marks in its pid file, or dead), "restart" (running but no batch
+committed for `stale_after_s` while input waits - its own generator, landing files it has not taken, or a source
+this cannot see - or none at all within `startup_grace_s` of starting) or "none". An idle job without input commits
+nothing and is left alone. Latency and lag are reported, not acted on: a restart does not make a slow job fast.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Runner:
     alive: bool
     started_at: float | None = None  # epoch seconds of the running process or run
     down: str = "not running"  # says what is not running, e.g. "process 123 is not running"
+    stopped: bool = False  # not running after a clean stop: not dead, and no heartbeat is expected
     expects_input: bool = True  # input waits (own generator, pending files, or a source this cannot see)
 
 
@@ -84,7 +85,7 @@ def heartbeat(data_dir: str, recent: int = 20, now: float | None = None) -> dict
         last_commit_ms=commit_ms,
         age_s=round(max(0.0, now - commit_ms / 1000), 3),  # committed while this looked: 0 s old
         watermark_ms=int(wm.iloc[-1]) if len(wm) else None,
-        p99_ms=[float(v) for v in df["latencyP99Ms"].dropna().tail(recent)],
+        p99_ms=[round(float(v), 1) for v in df["latencyP99Ms"].dropna().tail(recent)],  # interpolated: 0.1 ms
     )
     return out
 
@@ -137,6 +138,18 @@ def register(data_dir: str, argv: list[str], pid: int | None = None, now: float 
     return info
 
 
+def mark_stopped(data_dir: str, pid: int | None = None, now: float | None = None) -> bool:
+    """Record in the pid file that its process (this one by default) stopped cleanly, so that `status` tells a
+    stopped job from a dead one. Only the process's own record: a job started since keeps its own."""
+    pid = os.getpid() if pid is None else pid
+    path = run_dir(data_dir) / PID_FILE
+    info = read_json(path)
+    if not info or info.get("pid") != pid:
+        return False
+    write_json(path, {**info, "stopped_at": round(time.time() if now is None else now, 3)})
+    return True
+
+
 def alive(pid: int) -> bool:
     """The process exists, is not a zombie, and is a `fraudrules run` (guards against pid reuse)."""
     try:
@@ -169,6 +182,7 @@ def process(data_dir: str, now: float | None = None) -> dict:
             "rate": 0.0,
             "started_at": None,
             "uptime_s": None,
+            "stopped_at": None,
             "log": None,
         }
     is_alive = alive(int(info["pid"]))
@@ -177,8 +191,9 @@ def process(data_dir: str, now: float | None = None) -> dict:
         "pid": int(info["pid"]),
         "rate": generator_rate(info.get("argv") or []),
         "alive": is_alive,
-        "started_at": float(info["started_at"]),
+        "started_at": round(float(info["started_at"]), 3),
         "uptime_s": round(now - float(info["started_at"]), 3) if is_alive else None,
+        "stopped_at": info.get("stopped_at"),  # set by a clean stop
         "log": info.get("log"),
     }
 
@@ -217,7 +232,7 @@ def _stale(runner: Runner, beat: dict | None, th: Thresholds, now: float) -> boo
         return False
     age = beat["age_s"]
     if not runner.alive:
-        return runner.launched and (age is None or age > th.stale_after_s)
+        return runner.launched and not runner.stopped and (age is None or age > th.stale_after_s)
     # A batch committed before this process (or run) started is no sign of its life.
     own_batch = beat["last_commit_ms"] is not None and beat["last_commit_ms"] >= (runner.started_at or 0) * 1000
     if own_batch:
@@ -252,6 +267,7 @@ def judge(
         and oldest > ((previous_lag or {}).get("oldest_pending_age_s") or 0)
     )
     crash_loop = restarts > th.max_restarts_per_hour
+    dead = runner.launched and not runner.alive and not runner.stopped
 
     if not runner.alive:
         action, reason = "start", runner.down if runner.launched else "never started here"
@@ -267,7 +283,7 @@ def judge(
     problems = []
     if stale:
         problems.append(reason if runner.alive else "stale heartbeat: " + _age_text(age))
-    if runner.launched and not runner.alive:
+    if dead:
         problems.append(f"dead: {runner.down}")
     if latency_high:
         problems.append(f"latency p99 {p99[-1]:.0f} ms > {th.p99_ms:g} ms")
@@ -281,7 +297,8 @@ def judge(
         problems.append(f"crash loop: {restarts} restarts in the last hour")
     flags = {
         "running": runner.alive,
-        "dead": runner.launched and not runner.alive,
+        "dead": dead,
+        "stopped": runner.launched and not runner.alive and runner.stopped,
         "stale_heartbeat": stale,
         "latency_high": latency_high,
         "latency_rising": rising,
@@ -305,7 +322,8 @@ def judge_facts(facts: dict, th: Thresholds, now: float | None = None) -> dict:
 def status(
     data_dir: str, thresholds: Thresholds | None = None, now: float | None = None, remember: bool = True
 ) -> dict:
-    """Health of the local job as a JSON-able dict; `action` is what the supervisor's `ensure` would do."""
+    """Health of the local job as a JSON-able dict; `action` is what the supervisor's `ensure` would do. With
+    `remember`, kept for the next look's lag trend in the job's run folder, when there is one."""
     th = thresholds or Thresholds()
     now = time.time() if now is None else now
     proc, beat, backlog = process(data_dir, now), heartbeat(data_dir, th.trend_batches, now), lag(data_dir, now)
@@ -313,19 +331,21 @@ def status(
     # a source this cannot see (no landing folder: Kafka). An idle job without input commits nothing.
     landing = Path(JobConfig(data_dir=data_dir).landing)
     expects_input = proc["rate"] > 0 or backlog["pending_files"] > 0 or not landing.is_dir()
+    stopped = proc["stopped_at"] is not None
     runner = Runner(
         launched=proc["launched"],
         alive=proc["alive"],
         started_at=proc["started_at"],
-        down=f"process {proc['pid']} is not running",
+        down=f"process {proc['pid']} " + ("stopped cleanly" if stopped else "is not running"),
         expects_input=expects_input,
+        stopped=stopped,
     )
     previous = read_json(run_dir(data_dir) / LAST_STATUS_FILE) or {}
     restarts = restarts_last_hour(data_dir, now)
     verdict = judge(runner, beat, th, now, backlog, previous.get("lag"), restarts)
     out = {
         "data_dir": str(Path(data_dir).resolve()),
-        "checked_at": now,
+        "checked_at": round(now, 3),
         "process": proc,
         "heartbeat": beat,
         "lag": backlog,
@@ -336,7 +356,6 @@ def status(
         "reason": verdict["reason"],
         "thresholds": verdict["thresholds"],
     }
-    if remember:
-        run_dir(data_dir).mkdir(parents=True, exist_ok=True)
-        (run_dir(data_dir) / LAST_STATUS_FILE).write_text(json.dumps(out))
+    if remember and run_dir(data_dir).is_dir():  # beside a job's pid file: a look creates nothing
+        write_json(run_dir(data_dir) / LAST_STATUS_FILE, out)
     return out

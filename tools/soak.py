@@ -1,0 +1,258 @@
+"""`make bench ARGS="--mode soak --minutes M"`: the continuous job as production runs it (`fraudrules run
+--no-generator` on Kafka, alerts published to a topic), fed at a steady rate for M minutes with its table maintenance
+on (the writers' compaction, and `fraudrules maintain` every `--maintain-every` minutes while it writes, as the
+`fraud_maintenance` DAG would). Every `--every` minutes a line: send → alert p50/p99 of the alerts whose transactions
+were sent in those minutes, the job's process-tree memory (PSS), the alerts and transactions tables' live data files,
+bytes and Parquet files on disk, the checkpoint folder's size, and the time of a full read of `alerts` (every row,
+through delta-rs). At the end: the time of the data-quality run, `fraudrules maintain` on the data dir, and the check
+that the alerts received equal the alerts table and a backtest of the same input (the transactions read back from
+their topic).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fraudrules.config import EVALUATE_QUERY, JobConfig
+from fraudrules.generator import KafkaRateWriter
+from tools import bench
+
+MIB = 2**20
+
+
+@dataclass
+class Interval:
+    """One reporting interval's figures."""
+
+    start_min: float
+    end_min: float
+    latencies: np.ndarray
+    pss: int
+    tables: dict[str, tuple[int, int, int]]  # table -> live files, bytes, Parquet files on disk
+    checkpoints: int
+    read_s: float
+    read_rows: int
+
+    def line(self) -> str:
+        lat = bench._percentiles(self.latencies) if len(self.latencies) else "no alerts"
+        shapes = "; ".join(
+            f"{name} {files:,} files ({disk:,} on disk) {size / MIB:,.1f} MiB"
+            for name, (files, size, disk) in self.tables.items()
+        )
+        return (
+            f"  min {self.start_min:3.0f}-{self.end_min:<3.0f} {len(self.latencies):>8,} alerts: send → alert {lat}; "
+            f"job PSS {self.pss / MIB:,.0f} MiB; {shapes}; checkpoints {self.checkpoints / MIB:,.1f} MiB; "
+            f"full read of alerts {self.read_s:.2f} s ({self.read_rows:,} rows)"
+        )
+
+
+def folder_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile (the job's own cleanup)
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
+def table_shape(path: str) -> tuple[int, int, int]:
+    """Live data files and bytes (the snapshot a reader opens), and the Parquet files on disk (VACUUM removes the
+    others once they are older than the retention)."""
+    from deltalake import DeltaTable
+
+    from fraudrules.tables import file_sizes
+
+    sizes = file_sizes(DeltaTable(path)).to_pylist()
+    on_disk = sum(1 for f in os.listdir(path) if f.endswith(".parquet"))
+    return len(sizes), int(sum(sizes)), on_disk
+
+
+def full_read(path: str) -> tuple[float, int]:
+    """Seconds to read every row of a table (all columns) through delta-rs, and the rows."""
+    from deltalake import DeltaTable
+
+    started = time.monotonic()
+    rows = DeltaTable(path).to_pyarrow_table().num_rows
+    return time.monotonic() - started, rows
+
+
+def soak(root: str, minutes: float, rate: float, every_min: float, maintain_every_min: float) -> bool:
+    """The soak run; True when the alerts received, the alerts table and the backtest agree."""
+    from tests.support.kafka_broker import TopicTail, create_topics, end_offsets, start_local_broker
+
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    broker = start_local_broker(os.path.join(root, "kafka"))
+    data_dir = os.path.join(root, "soak")
+    cfg = JobConfig(data_dir=data_dir)
+    topics = {kind: f"soak-{kind}" for kind in bench.KAFKA_KINDS}
+    create_topics(broker.bootstrap, list(topics.values()))
+    received: dict[str, tuple[int, int]] = {}  # alertId -> (send stamp, receive time)
+    copies = [0]
+
+    def on_alert(msg, received_ms: int) -> None:
+        row = json.loads(msg.value())
+        if row["alertId"] in received:
+            copies[0] += 1
+        else:
+            received[row["alertId"]] = (row.get("ingestionTimestamp") or -1, received_ms)
+
+    log_path = os.path.join(root, "job.log")
+    rules = str(bench.SCHEMAS[bench.SCHEMA][2])
+    child = bench._spawn_job(bench.kafka_command(broker.bootstrap, data_dir, topics, "local", rules), log_path, "local")
+    tail = TopicTail(broker.bootstrap, topics["alerts"], on_alert)
+    tail.start()
+    writer = None
+    checkpoint = cfg.checkpoint(EVALUATE_QUERY)
+    print(
+        f"soak: {rate:,.0f} tx/s for {minutes:g} minutes, a line every {every_min:g} minutes, `fraudrules maintain` "
+        f"every {maintain_every_min:g} minutes (job log {log_path})",
+        flush=True,
+    )
+    try:
+        bench._wait_for_line(child, log_path, bench.STARTED_LINE)
+        events = bench.workload(count=10**9, seed=99, first_id=10**9, events_per_second=rate).transactions()
+        writer = KafkaRateWriter(broker.bootstrap, topics["transactions"], events, rate, tick_s=bench.KAFKA_TICK_S)
+        writer.start()
+        started = time.time()
+        next_maintain = started + maintain_every_min * 60
+        for k in range(1, int(np.ceil(minutes / every_min)) + 1):
+            end = started + min(k * every_min, minutes) * 60
+            while time.time() < end:
+                bench._watch(child, log_path, tail, min(end, next_maintain))
+                if time.time() >= next_maintain and time.time() < end:
+                    print("\n".join(f"    {line}" for line in maintain(data_dir)), flush=True)
+                    next_maintain += maintain_every_min * 60
+            lo, hi = started + (k - 1) * every_min * 60, end
+            print(interval(data_dir, checkpoint, child.pid, received, lo, hi, started).line(), flush=True)
+        writer.stop()
+        writer.join()
+        sent = sum(end_offsets(broker.bootstrap, topics["transactions"]).values())
+        reached = bench._watch(
+            child,
+            log_path,
+            tail,
+            time.time() + 300,
+            until=lambda: bench.committed_offsets(checkpoint, topics["transactions"]) >= sent,
+        )
+        last = bench._last_batch(checkpoint)
+        bench._watch(child, log_path, tail, time.time() + 60, until=lambda: bench._published_batch(checkpoint) >= last)
+        ends = end_offsets(broker.bootstrap, topics["alerts"])
+        bench._watch(child, log_path, tail, time.time() + 60, until=lambda: tail.caught_up(ends))
+        print(f"  {sent:,} transactions sent; the job evaluated all of them: {reached}", flush=True)
+    finally:
+        if writer is not None:
+            writer.stop()
+            writer.join()
+        tail.stop()
+        bench._stop_job(child)
+    try:
+        return finish(root, data_dir, broker.bootstrap, topics["transactions"], rules, received, copies[0])
+    finally:
+        broker.stop()
+
+
+def interval(
+    data_dir: str,
+    checkpoint: str,
+    pid: int,
+    received: dict[str, tuple[int, int]],
+    lo: float,
+    hi: float,
+    started: float,
+) -> Interval:
+    stamps = np.array(list(received.values()), dtype=np.int64).reshape(-1, 2)
+    chosen = (stamps[:, 0] >= lo * 1000) & (stamps[:, 0] < hi * 1000)
+    tables_dir = os.path.join(data_dir, "tables")
+    read_s, rows = full_read(os.path.join(tables_dir, "alerts"))
+    return Interval(
+        (lo - started) / 60,
+        (hi - started) / 60,
+        (stamps[chosen, 1] - stamps[chosen, 0]).astype(np.float64),
+        bench._tree_memory(pid)[1],
+        {name: table_shape(os.path.join(tables_dir, name)) for name in ("alerts", "transactions")},
+        folder_bytes(os.path.dirname(checkpoint)),
+        read_s,
+        rows,
+    )
+
+
+DQ_TIMEOUT_S = 900  # the data-quality run at the end is timed out after this long (and said so)
+
+
+def _fraudrules(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "fraudrules.cli", *args]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        return subprocess.CompletedProcess(command, -1, str(err.stdout or ""), f"timed out after {timeout:.0f} s")
+
+
+def maintain(data_dir: str) -> list[str]:
+    """`fraudrules maintain` on the running job's tables: its output, and its time."""
+    started = time.monotonic()
+    done = _fraudrules("maintain", "--data-dir", data_dir)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return [*lines, f"(fraudrules maintain: exit {done.returncode}, {time.monotonic() - started:.1f} s)"]
+
+
+def finish(root: str, data_dir: str, bootstrap: str, topic: str, rules: str, received: dict, copies: int) -> bool:
+    """The checks at the end: data quality, maintenance, alerts received = table = backtest."""
+    started = time.monotonic()
+    dq = _fraudrules("quality", "--data-dir", data_dir, "--max-age-minutes", "1440", timeout=DQ_TIMEOUT_S)
+    print(f"  data-quality run: exit {dq.returncode} in {time.monotonic() - started:.1f} s", flush=True)
+    print("\n".join(f"    {line}" for line in (dq.stdout + dq.stderr).strip().splitlines()[-12:]), flush=True)
+    print("  fraudrules maintain at the end:", flush=True)
+    print("\n".join(f"    {line}" for line in maintain(data_dir)), flush=True)
+    from deltalake import DeltaTable
+
+    table_ids = DeltaTable(os.path.join(data_dir, "tables", "alerts")).to_pyarrow_table(columns=["alertId"])
+    in_table = table_ids.column("alertId").to_pylist()
+    backtested = backtest(root, bootstrap, topic, rules)
+    same = set(received) == set(in_table) == backtested and len(in_table) == len(set(in_table))
+    print(
+        f"  alerts: {len(received):,} received ({copies:,} received again: the topic is at-least-once), "
+        f"{len(in_table):,} in the alerts table ({len(in_table) - len(set(in_table)):,} duplicated), "
+        f"{len(backtested):,} in a backtest of the same input: {'EQUAL' if same else 'DIFFERENT'}",
+        flush=True,
+    )
+    return same
+
+
+def backtest(root: str, bootstrap: str, topic: str, rules: str) -> set[str]:
+    """The alert ids of `fraudrules backtest` over every transaction of the topic, in topic order."""
+    from tests.support.kafka_broker import _reader, end_offsets
+
+    source = os.path.join(root, "input")
+    os.makedirs(source, exist_ok=True)
+    ends = end_offsets(bootstrap, topic)
+    consumer = _reader(bootstrap)
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    left, n, deadline = sum(ends.values()), 0, time.monotonic() + 1_800
+    with open(os.path.join(source, "transactions.jsonl"), "wb") as out:
+        while n < left and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, timeout=5):
+                if msg.error() is None:
+                    out.write(msg.value() + b"\n")
+                    n += 1
+    consumer.close()
+    alerts = os.path.join(root, "backtest-alerts.jsonl")
+    started = time.monotonic()
+    done = _fraudrules("backtest", "--transactions", source, "--rules", rules, "--out", alerts)
+    print(f"  backtest of the {n:,} transactions: exit {done.returncode} in {time.monotonic() - started:.0f} s")
+    if done.returncode:
+        print(done.stdout[-2000:] + done.stderr[-2000:], flush=True)
+        return set()
+    with open(alerts, encoding="utf-8") as fh:
+        return {json.loads(line)["alertId"] for line in fh}
