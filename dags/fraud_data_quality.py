@@ -22,20 +22,9 @@ from datetime import datetime, timedelta
 
 from airflow.providers.databricks.operators.databricks import DatabricksRunNowOperator
 from airflow.sdk import Param, dag, task
-from fraud_alerting import TaskFailed
-from fraud_jobenv import REPO, job_command
+from fraud_jobenv import DATA_DIR, JOB_PYTHON, TARGET, job_command, task_defaults
 
-JOB_PYTHON = os.environ.get("FRAUDRULES_JOB_PYTHON", str(REPO / ".venv" / "bin" / "python"))
-DATA_DIR = os.environ.get("FRAUDRULES_DATA_DIR", str(REPO / "data"))
-TARGET = os.environ.get("FRAUDRULES_TARGET", "local")
-
-default_args = {
-    "owner": "fraud-platform",
-    "retries": 2,
-    "retry_delay": timedelta(minutes=2),
-    "execution_timeout": timedelta(minutes=45),
-    "on_failure_callback": [TaskFailed()],
-}
+default_args = task_defaults(timedelta(minutes=2), timedelta(minutes=45))
 
 
 @dag(

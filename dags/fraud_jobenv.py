@@ -1,4 +1,4 @@
-"""The job environment's commands, run by the fraud-rules DAGs' tasks (no DAG here).
+"""The job environment's commands, run by the fraud-rules DAGs' tasks, and the DAGs' shared defaults (no DAG here).
 
 Airflow lives in its own venv; Spark, Great Expectations and fraudrules live in the job environment, whose python
 (`job_python`) runs `python -m <module> ...` of the installed package (`fraudrules.cli`, the local supervisor
@@ -12,9 +12,27 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from datetime import timedelta
 from pathlib import Path
 
+from fraud_alerting import TaskFailed
+
 REPO = Path(__file__).resolve().parents[1]
+# The DAGs' defaults for their params: the job environment's python, the local data dir, where the job runs.
+JOB_PYTHON = os.environ.get("FRAUDRULES_JOB_PYTHON", str(REPO / ".venv" / "bin" / "python"))
+DATA_DIR = os.environ.get("FRAUDRULES_DATA_DIR", str(REPO / "data"))
+TARGET = os.environ.get("FRAUDRULES_TARGET", "local")
+
+
+def task_defaults(retry_delay: timedelta, execution_timeout: timedelta) -> dict:
+    """The DAGs' task defaults: two retries, and failures recorded by the `fraud_alerting.TaskFailed` notifier."""
+    return {
+        "owner": "fraud-platform",
+        "retries": 2,
+        "retry_delay": retry_delay,
+        "execution_timeout": execution_timeout,
+        "on_failure_callback": [TaskFailed()],
+    }
 
 
 def job_command(

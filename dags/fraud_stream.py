@@ -28,12 +28,8 @@ from datetime import datetime, timedelta
 
 from airflow.providers.databricks.operators.databricks import DatabricksRunNowOperator
 from airflow.sdk import Param, dag, task
-from fraud_alerting import TaskFailed
-from fraud_jobenv import REPO, job_command
+from fraud_jobenv import DATA_DIR, JOB_PYTHON, TARGET, job_command, task_defaults
 
-JOB_PYTHON = os.environ.get("FRAUDRULES_JOB_PYTHON", str(REPO / ".venv" / "bin" / "python"))
-DATA_DIR = os.environ.get("FRAUDRULES_DATA_DIR", str(REPO / "data"))
-TARGET = os.environ.get("FRAUDRULES_TARGET", "local")
 HEALERS = {  # (target, action) -> the task that carries it out
     ("local", "start"): "heal_local",
     ("local", "restart"): "heal_local",
@@ -42,13 +38,7 @@ HEALERS = {  # (target, action) -> the task that carries it out
     ("databricks", "restart"): "restart_databricks",
 }
 
-default_args = {
-    "owner": "fraud-platform",
-    "retries": 2,
-    "retry_delay": timedelta(seconds=30),
-    "execution_timeout": timedelta(minutes=5),
-    "on_failure_callback": [TaskFailed()],
-}
+default_args = task_defaults(timedelta(seconds=30), timedelta(minutes=5))
 
 
 def _job_command(params: dict, module: str, *args: str, stdin: str | None = None, timeout: float = 120) -> dict:
