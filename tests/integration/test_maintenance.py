@@ -5,9 +5,12 @@ a committer appends with Delta's transactions, losing, duplicating and blocking 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -18,6 +21,7 @@ from tests.integration.test_tables import WRITERS, made  # noqa: F401  (the writ
 
 pytestmark = pytest.mark.spark
 NOW = datetime.now(timezone.utc)
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "transactions.jsonl"
 
 
 def alert_rows(batch: int, per_batch: int = 3) -> pa.Table:
@@ -39,18 +43,18 @@ def live_files(spark, cfg) -> int:
 
 
 def test_writers_compact_the_tables_they_append_to(spark, made):  # noqa: F811
-    """With `compact_min_files` = 4 a table never holds more than 4 small files however many appends it gets; every
+    """With `compact_min_files` = 3 a table never holds more than 3 small files however many appends it gets; every
     row is there once, and a replayed transaction is still skipped after its commit was compacted away."""
     writer, cfg = made
-    cfg = cfg.with_(compact_min_files=4)
+    cfg = cfg.with_(compact_min_files=3)
     writer = type(writer)(spark, cfg)
     tables.ensure(spark, cfg, "alerts")
-    for batch in range(10):
+    for batch in range(7):
         writer.append("alerts", alert_rows(batch), tables.Txn("evaluate:q", batch))
-    assert live_files(spark, cfg) <= 4
+    assert live_files(spark, cfg) <= 3
     writer.append("alerts", alert_rows(3), tables.Txn("evaluate:q", 3))  # a replay after a crash
     ids = alert_ids(writer)
-    assert sorted(ids) == sorted(f"{b}:{i}" for b in range(10) for i in range(3))
+    assert sorted(ids) == sorted(f"{b}:{i}" for b in range(7) for i in range(3))
     operations = [r.operation for r in tables.delta(spark, cfg, "alerts").history().collect()]
     assert "OPTIMIZE" in operations
 
@@ -61,13 +65,13 @@ def test_a_writer_without_compaction_keeps_every_file(spark, made):  # noqa: F81
     cfg = cfg.with_(compact_min_files=0)
     writer = type(writer)(spark, cfg)
     tables.ensure(spark, cfg, "alerts")
-    for batch in range(6):
+    for batch in range(4):
         writer.append("alerts", alert_rows(batch), tables.Txn("evaluate:q", batch))
-    assert live_files(spark, cfg) == 6
+    assert live_files(spark, cfg) == 4
 
 
 def test_maintenance_while_the_job_writes(spark, made):  # noqa: F811
-    """Maintenance passes while a committer appends 40 micro-batches to `alerts` and an ingest query appends to bronze
+    """Maintenance passes while a committer appends 20 micro-batches to `alerts` and an ingest query appends to bronze
     and expires its old rows as the job does: the 50 old rows are deleted, every new row is in its table exactly
     once, neither writer failed, and the small files are merged."""
     writer, cfg = made
@@ -80,7 +84,7 @@ def test_maintenance_while_the_job_writes(spark, made):  # noqa: F811
 
     def write() -> None:
         try:
-            for batch in range(40):
+            for batch in range(20):
                 txn = tables.Txn("evaluate:q", batch)
                 writer.append("alerts", alert_rows(batch), txn)
                 writer.append("transactions", bronze_rows(1_000 + batch * 10, 10, datetime.now(timezone.utc)), txn)
@@ -100,9 +104,9 @@ def test_maintenance_while_the_job_writes(spark, made):  # noqa: F811
     reports += maintenance.maintain(spark, cfg, ("alerts", "transactions"))
     assert errors == []
     assert expired == [50]
-    assert sorted(alert_ids(writer)) == sorted(f"{b}:{i}" for b in range(40) for i in range(3))
+    assert sorted(alert_ids(writer)) == sorted(f"{b}:{i}" for b in range(20) for i in range(3))
     bronze = writer.arrow("transactions", ["transactionId"]).column("transactionId").to_pylist()
-    assert sorted(bronze) == list(range(1_000, 1_400))
+    assert sorted(bronze) == list(range(1_000, 1_200))
     assert [r.after.files for r in reports[-2:]] == [1, 1]  # each table's small files merged into one
 
 
@@ -128,3 +132,28 @@ def test_vacuum_and_log_cleanup_leave_the_same_rows(spark, tmp_path):
     assert sorted(r.alertId for r in tables.read(spark, cfg, "alerts").collect()) == expected
     writer.append("alerts", alert_rows(7), tables.Txn("evaluate:q", 7))  # the transaction survived the cleanup
     assert len(alert_ids(writer)) == len(expected)
+
+
+def test_the_ingest_sink_expires_bronze_at_its_first_micro_batch_then_hourly(spark, tmp_path):
+    """Bronze retention is the ingest query's: its first micro-batch deletes the rows ingested before the retention,
+    later ones within the hour do not look again; its own rows stay."""
+    from fraudrules.config import INGEST_QUERY, JobConfig
+    from fraudrules.engine.bronze import IngestSink
+    from fraudrules.engine.ingest import parse
+    from tests.integration.test_event_schema import raw_lines
+
+    valid = json.loads(FIXTURE.read_text().splitlines()[0])  # a transaction of the default event schema
+
+    cfg = JobConfig(data_dir=str(tmp_path), bronze_retention_days=30)
+    tables.ensure(spark, cfg, "transactions", "quarantine")
+    writer = tables.writer(spark, cfg)
+    writer.append("transactions", bronze_rows(0, 5, NOW - timedelta(days=31)))
+    os.makedirs(cfg.checkpoint(INGEST_QUERY))
+    with open(os.path.join(cfg.checkpoint(INGEST_QUERY), "metadata"), "w") as fh:
+        fh.write('{"id": "a-query"}\n')  # what Spark writes at a query's start: its transactions' app id
+    sink = IngestSink(cfg, INGEST_QUERY)
+    sink(parse(raw_lines(spark, [valid | {"transactionId": 100}])), 0)
+    assert writer.arrow("transactions", ["transactionId"]).column("transactionId").to_pylist() == [100]
+    writer.append("transactions", bronze_rows(0, 5, NOW - timedelta(days=31)))
+    sink(parse(raw_lines(spark, [valid | {"transactionId": 101}])), 1)
+    assert writer.count("transactions") == 7  # not again within the hour
