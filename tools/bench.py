@@ -800,6 +800,7 @@ def main(
     minutes: float = 90.0,
     every: float = 5.0,
     maintain_every: float = 30.0,
+    dq_minutes: float = 15.0,
 ) -> None:
     """Run the chosen modes, printing each one's figures as soon as it has them."""
     shards = CLUSTER_SHARDS if profile == "cluster" else JobConfig().shards
@@ -820,7 +821,7 @@ def main(
     if mode == "soak":
         from tools import soak
 
-        if not soak.soak(os.path.join(root, "soak"), minutes, rate, every, maintain_every):
+        if not soak.soak(os.path.join(root, "soak"), minutes, rate, every, maintain_every, dq_minutes):
             raise SystemExit("soak: the alerts received, the alerts table and the backtest differ")
     if mode == "kafka":
         runs = kafka_mode(root, rates or [rate], warmup, seconds, profile, preload)
@@ -864,6 +865,9 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--maintain-every", type=float, default=30.0, help="soak mode: `fraudrules maintain` this often (minutes)"
     )
+    p.add_argument(
+        "--dq-minutes", type=float, default=15.0, help="soak mode: the data-quality run at the end is stopped after"
+    )
     p.add_argument("--profile", choices=PROFILES, default="local", help="local: a laptop's; cluster: the bundle's")
     p.add_argument("--count", type=int, default=200_000, help="transactions of the throughput and cpu modes")
     p.add_argument("--rate", type=float, default=1_000.0, help="transactions/s of the latency and kafka modes")
@@ -894,8 +898,8 @@ def cli(argv: list[str] | None = None) -> int:
     if a.preload_hours < 0 or a.preload_rate <= 0:
         p.error("--preload-hours must be >= 0 and --preload-rate > 0")
     preload = Preload(a.preload_hours, a.preload_rate) if a.preload_hours else None
-    if min(a.minutes, a.every, a.maintain_every) <= 0:
-        p.error("--minutes, --every and --maintain-every must be positive")
+    if min(a.minutes, a.every, a.maintain_every, a.dq_minutes) <= 0:
+        p.error("--minutes, --every, --maintain-every and --dq-minutes must be positive")
     main(
         a.data_dir,
         a.mode,
@@ -909,6 +913,7 @@ def cli(argv: list[str] | None = None) -> int:
         a.minutes,
         a.every,
         a.maintain_every,
+        a.dq_minutes,
     )
     return 0
 

@@ -85,7 +85,7 @@ def full_read(path: str) -> tuple[float, int]:
     return time.monotonic() - started, rows
 
 
-def soak(root: str, minutes: float, rate: float, every_min: float, maintain_every_min: float) -> bool:
+def soak(root: str, minutes: float, rate: float, every_min: float, maintain_every_min: float, dq_min: float) -> bool:
     """The soak run; True when the alerts received, the alerts table and the backtest agree."""
     from tests.support.kafka_broker import TopicTail, create_topics, end_offsets, start_local_broker
 
@@ -156,7 +156,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
         tail.stop()
         bench._stop_job(child)
     try:
-        return finish(root, data_dir, broker.bootstrap, topics["transactions"], rules, received, copies[0])
+        return finish(root, data_dir, broker.bootstrap, topics["transactions"], rules, received, copies[0], dq_min)
     finally:
         broker.stop()
 
@@ -186,9 +186,6 @@ def interval(
     )
 
 
-DQ_TIMEOUT_S = 900  # the data-quality run at the end is timed out after this long (and said so)
-
-
 def _fraudrules(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "fraudrules.cli", *args]
     try:
@@ -205,10 +202,12 @@ def maintain(data_dir: str) -> list[str]:
     return [*lines, f"(fraudrules maintain: exit {done.returncode}, {time.monotonic() - started:.1f} s)"]
 
 
-def finish(root: str, data_dir: str, bootstrap: str, topic: str, rules: str, received: dict, copies: int) -> bool:
+def finish(
+    root: str, data_dir: str, bootstrap: str, topic: str, rules: str, received: dict, copies: int, dq_min: float
+) -> bool:
     """The checks at the end: data quality, maintenance, alerts received = table = backtest."""
     started = time.monotonic()
-    dq = _fraudrules("quality", "--data-dir", data_dir, "--max-age-minutes", "1440", timeout=DQ_TIMEOUT_S)
+    dq = _fraudrules("quality", "--data-dir", data_dir, "--max-age-minutes", "1440", timeout=dq_min * 60)
     print(f"  data-quality run: exit {dq.returncode} in {time.monotonic() - started:.1f} s", flush=True)
     print("\n".join(f"    {line}" for line in (dq.stdout + dq.stderr).strip().splitlines()[-12:]), flush=True)
     print("  fraudrules maintain at the end:", flush=True)
