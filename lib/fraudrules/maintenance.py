@@ -106,7 +106,7 @@ def expire_bronze(spark: SparkSession, cfg: JobConfig, name: str, now: datetime 
 
 def conflicts(cfg: JobConfig) -> tuple[type[Exception], ...]:
     """What the table writer of `cfg` raises when a concurrent commit conflicts with one of its commits."""
-    return _rs_conflict() if tables.uses_delta_rs(cfg) else tables.delta_conflicts()
+    return tables.rs_conflicts() if tables.uses_delta_rs(cfg) else tables.delta_conflicts()
 
 
 def log_properties(cfg: JobConfig) -> dict[str, str]:
@@ -132,7 +132,7 @@ def _maintain_rs(cfg: JobConfig, name: str) -> Report:
     table = RustTable(path)
     before = _shape_rs(table, path)
     _set_properties_rs(table, log_properties(cfg))
-    _retrying(lambda: tables.compact_rs(RustTable(path)), _rs_conflict())
+    _retrying(lambda: tables.compact_rs(RustTable(path)), tables.rs_conflicts())
     table = RustTable(path)
     vacuumed = table.vacuum(
         retention_hours=_hours(cfg.retention_hours),
@@ -167,12 +167,6 @@ def _set_properties_rs(table: RustTable, properties: dict[str, str]) -> None:
     current = table.metadata().configuration
     if any(current.get(k) != v for k, v in properties.items()):
         table.alter.set_table_properties(properties, raise_if_not_exists=False)
-
-
-def _rs_conflict() -> tuple[type[Exception], ...]:
-    from deltalake.exceptions import CommitFailedError
-
-    return (CommitFailedError,)
 
 
 T = TypeVar("T")

@@ -355,15 +355,13 @@ class DeltaRsWriter(TableWriter):
         return pa.schema(self.table(name).schema().to_arrow())
 
     def append(self, name: str, rows: Rows, txn: Txn | None = None) -> None:
-        from deltalake.exceptions import CommitFailedError
-
         for attempt in range(CONFLICT_RETRIES):
             table = self.table(name)
             if txn is not None and _at_least(table.transaction_version(txn.app), txn.version):
                 return  # delta-rs records transactions but leaves the check to its caller
             try:
                 return self._write(table, rows, "append", txn)
-            except CommitFailedError:
+            except rs_conflicts():
                 # delta-rs checks an append against concurrent commits as if it had read the table (a DELETE of
                 # old bronze rows by `maintain` conflicts with it): nothing was committed, so try again, from the
                 # transaction check
@@ -417,9 +415,7 @@ def due_for_compaction(sizes: pa.Array, min_files: int) -> bool:
 def _compact_after_commit(table: RustTable) -> None:
     """Compaction after an append, which has committed: a conflict with a concurrent commit (another compaction, a
     delete) leaves the files for the next append to merge, and is no failure of the append."""
-    from deltalake.exceptions import CommitFailedError
-
-    with contextlib.suppress(CommitFailedError):
+    with contextlib.suppress(*rs_conflicts()):
         compact_rs(table)
 
 
@@ -474,6 +470,13 @@ class SparkWriter(TableWriter):
 
     def count(self, name: str) -> int:
         return read(self.spark, self.cfg, name).count()
+
+
+def rs_conflicts() -> tuple[type[Exception], ...]:
+    """delta-rs's conflict of a commit with a concurrent one."""
+    from deltalake.exceptions import CommitFailedError
+
+    return (CommitFailedError,)
 
 
 def delta_conflicts() -> tuple[type[Exception], ...]:
