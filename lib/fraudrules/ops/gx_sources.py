@@ -20,6 +20,7 @@ import json
 from typing import Any, ClassVar, Literal
 
 import pandas as pd
+import pyarrow as pa
 from great_expectations.compatibility import pydantic
 from great_expectations.core import IDDict
 from great_expectations.core.batch import LegacyBatchDefinition
@@ -172,7 +173,7 @@ def window_state(
     """The evaluate query's retained events that a window can still reach (by the shards' watermarks `marks`),
     one row each, with the batch's facts."""
     frame = _facts(state_reader.entries(spark, cfg, batch.batch_id, marks), cfg, batch, _watermark(marks))
-    return _kept(spark.createDataFrame(frame, WINDOW_STATE_SCHEMA))
+    return _kept(spark, frame, WINDOW_STATE_SCHEMA)
 
 
 def login_state(
@@ -180,15 +181,15 @@ def login_state(
 ) -> DataFrame:
     """The login detector's open sequences, one row each, with the batch's facts."""
     frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch, _watermark(marks))
-    rows = frame.astype(object).where(pd.notna(frame), None).to_dict("records")
-    return _kept(spark.createDataFrame(rows, LOGIN_STATE_SCHEMA))
+    return _kept(spark, frame, LOGIN_STATE_SCHEMA)
 
 
-def _kept(frame: DataFrame) -> DataFrame:
-    """A frame made from the driver's rows, kept in Spark's block store by the first expectation that reads it: else
-    every expectation (each a Spark job or more) ships every row to its tasks again, which on the state of a job
-    that ran an hour (millions of retained events) took longer than the job's hour."""
-    return frame.persist(StorageLevel.MEMORY_AND_DISK)
+def _kept(spark: SparkSession, frame: pd.DataFrame, schema: str) -> DataFrame:
+    """The driver's rows as a Spark frame, through Arrow (row by row, an hour's state, millions of retained events,
+    took longer than the hour), kept in Spark's block store by the first expectation that reads it: else every
+    expectation (each a Spark job or more) ships every row to its tasks again."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    return spark.createDataFrame(table, schema).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 # ------------------------------------------------------------------------------------------ GX types
