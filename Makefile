@@ -77,8 +77,10 @@ run: setup
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-unit: setup
-	$(BIN)/python -m pytest -q tests/unit
+# The quick loop: the unit tier (no JVM, jars or Airflow: only the venv), its property tests at a fifth of their
+# examples (tests/support/properties.py); `make test` runs them in full.
+test-unit: $(VENV)/.installed $(VENV)/.pyspark_path
+	FRAUDRULES_QUICK_TESTS=1 $(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check $(LINTED)

@@ -8,11 +8,12 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
 from fraudrules.engine import lines
+from tests.support.properties import examples
 
 
 def reader(path: Path, ledger: Path, **options: str) -> lines.LinesReader:
@@ -97,7 +98,7 @@ def test_lines_longer_than_a_read_block(tmp_path, monkeypatch):
         assert [row for batch in batches for row in batch] == literal(files)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(
     texts=st.lists(st.lists(st.sampled_from([b"{}", b"", b" ", b'{"a":1}', b"x" * 40]), max_size=12), max_size=4),
     final_newline=st.lists(st.booleans(), min_size=4, max_size=4),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fraudrules.engine.evaluation import Batch
@@ -14,6 +14,7 @@ from fraudrules.engine.ruleset import RuleSet
 from tests.support import reference_logins
 from tests.support.harness import LOGIN_EVENT_COLUMNS, RuleStream, login_frame, login_rule, seed_attack
 from tests.support.harness import login_event as ev
+from tests.support.properties import examples
 
 MIN = 60_000
 W = 10 * MIN
@@ -140,7 +141,7 @@ def login_streams(draw):
     return [events[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True) if events[a:b]]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(150)
 @given(login_streams(), st.integers(1, 4), st.integers(1, 3), st.integers(0, 20 * MIN), st.randoms())
 def test_matches_reference_on_random_streams(batches, min_failures, min_ips, lateness, rnd):
     for b in batches:

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fraudrules.engine import keying
@@ -17,6 +17,7 @@ from fraudrules.event_schema import parse
 from fraudrules.rules.model import AGGREGATORS, OPERATORS, parse_rule
 from tests.support import reference
 from tests.support.harness import Engine, rule, tx_rows
+from tests.support.properties import examples
 
 MIN = 60_000
 SCHEMA = parse(
@@ -220,7 +221,7 @@ def _same(engine: dict, ref: dict) -> None:
         assert abs(Fraction(engine[k]) - v) <= Fraction(1, 10**18), k
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(200)
 @given(workloads(), st.integers(1, 3))
 def test_matches_the_reference_over_nested_fields_nulls_and_boolean_filters(workload, shards):
     batches, rules = workload
@@ -230,7 +231,7 @@ def test_matches_the_reference_over_nested_fields_nulls_and_boolean_filters(work
     assert late == ref_late == set()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(60)
 @given(workloads(), st.randoms(use_true_random=False))
 def test_matches_the_reference_out_of_order_in_single_batches_without_caches(workload, rnd):
     batches, rules = workload

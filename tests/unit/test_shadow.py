@@ -10,7 +10,7 @@ from decimal import Decimal
 import pandas as pd
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fraudrules.engine import logins
@@ -42,6 +42,7 @@ from tests.support.harness import (
     rule,
     seed_attack,
 )
+from tests.support.properties import examples
 from tests.unit.test_windowing import MIN, _assert_same, tx, workloads
 
 SHADOW_BASE = 100  # a shadow copy of rule r is rule SHADOW_BASE + r
@@ -74,7 +75,7 @@ def shadowed_workloads(draw):
     return batches, rules, shadows
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(100)
 @given(shadowed_workloads(), st.integers(1, 3), st.integers(0, 2), st.randoms(use_true_random=False))
 def test_shadow_hits_are_the_alerts_of_the_same_rule_when_active(workload, shards, lateness_minutes, rnd):
     batches, rules, shadows = workload

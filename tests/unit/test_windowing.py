@@ -6,7 +6,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fraudrules.engine import state
@@ -14,6 +14,7 @@ from fraudrules.engine.windowing import render
 from fraudrules.rules.model import AGGREGATORS, OPERATORS
 from tests.support import reference
 from tests.support.harness import Engine, rule
+from tests.support.properties import examples
 
 MIN = 60_000
 
@@ -180,7 +181,7 @@ def workloads(draw):
     return batches, rules
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(150)
 @given(workloads(), st.integers(1, 3))
 def test_matches_reference_on_random_in_order_streams(workload, shards):
     batches, rules = workload
@@ -193,7 +194,7 @@ def test_matches_reference_on_random_in_order_streams(workload, shards):
     assert set(whole) == set(ref_alerts)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(100)
 @given(workloads(), st.integers(0, 3 * MIN), st.randoms(use_true_random=False))
 def test_matches_reference_with_out_of_order_and_late_events(workload, lateness, rnd):
     batches, rules = workload
@@ -212,7 +213,7 @@ def test_limit_fraction_is_exact(limit):
     assert Fraction(n, 10**e) == Fraction(Decimal(limit))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(60)
 @given(workloads(), st.integers(1, 2), st.integers(0, 2))
 def test_matches_reference_in_small_batches_without_caches(workload, shards, lateness_minutes):
     """Every event its own micro-batch: chunks are merged, rewritten and dropped on the way, and every
@@ -226,7 +227,7 @@ def test_matches_reference_in_small_batches_without_caches(workload, shards, lat
     assert got_late == ref_late
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(100)
 @given(workloads(), st.integers(0, 2 * MIN), st.randoms(use_true_random=False))
 def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
     """Every chunk counts as settled and is folded as soon as a micro-batch's windows hold it whole (no time to
