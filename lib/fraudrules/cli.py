@@ -422,6 +422,26 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def history_lines(rows: list[dict], describe) -> list[str]:
+    """`rules history`: a line per version, each column as wide as its longest value (authors and changes such as
+    `promote:105` or a CDC position vary in length), the rule's definition last."""
+    cells = [
+        (
+            f"v{row['version']}",
+            row["updatedAt"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["updatedAt"] else "-",
+            row["updatedBy"] or "-",
+            row["change"] or "-",
+            row["ruleState"],
+        )
+        for row in rows
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))] if cells else []
+    return [
+        " ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + f" {describe(row)}"
+        for line, row in zip(cells, rows, strict=True)
+    ]
+
+
 def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int | None, author: str) -> list[str]:
     from fraudrules import event_schema
     from fraudrules.engine.messages import rule_text
@@ -461,12 +481,7 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
         rows = store.history(spark, cfg, int(target or 0))
         if not rows:
             raise RuleError(target, ["no such rule"])
-        out = []
-        for row in rows:
-            when = row["updatedAt"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["updatedAt"] else "-"
-            who, change = row["updatedBy"], row["change"]
-            out.append(f"v{row['version']:<4} {when} {who:<12} {change:<8} {row['ruleState']:<7} {describe(row)}")
-        return out
+        return history_lines(rows, describe)
     return [f"exported to {store.export_current(spark, cfg)}"]
 
 

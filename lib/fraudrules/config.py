@@ -100,6 +100,11 @@ class JobConfig:
             raise ValueError("compact_min_files must be 0 (off) or at least 2: one file is nothing to compact")
         if self.state_memory_mb < 0:
             raise ValueError(f"state_memory_mb must be >= 0, not {self.state_memory_mb}")
+        if bool(self.catalog) != bool(self.schema):  # one of them alone would silently mean path tables
+            raise ValueError(
+                "catalog and schema go together: both for Unity Catalog tables (catalog.schema.table), neither for "
+                f"path tables under the data dir; got catalog={self.catalog!r}, schema={self.schema!r}"
+            )
         uses_kafka = self.source == "kafka" or self.kafka_rules_topic or self.kafka_alerts_topic
         if uses_kafka and not self.kafka_bootstrap:
             raise ValueError("Kafka topics are configured but kafka_bootstrap is not")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from functools import cache
@@ -145,10 +145,11 @@ class EventSchema:
     def field(self, path: str) -> Field | None:
         return self.fields.get(path)
 
-    def closest(self, path: str, n: int = 3) -> list[str]:
-        """Declared names most like `path` (a misspelt or a missing struct prefix)."""
+    def closest(self, path: str, n: int = 3, also: Iterable[str] = ()) -> list[str]:
+        """Declared names (and the names `also` allowed where `path` is) most like `path` (a misspelt or a missing
+        struct prefix)."""
         names = list(self.fields)
-        close = difflib.get_close_matches(path, names, n=n, cutoff=0.6)
+        close = difflib.get_close_matches(path, [*names, *also], n=n, cutoff=0.6)
         tail = [p for p in names if p.rsplit(".", 1)[-1].lower() == path.rsplit(".", 1)[-1].lower()]
         return list(dict.fromkeys([*tail, *close]))[:n]
 
@@ -410,6 +411,9 @@ def _check_names(where: str, names: list[str]) -> None:
 # ------------------------------------------------------------------------------------------ built-in and files
 
 
+BUILTINS = ("default", "rich")
+
+
 def builtin(name: str) -> EventSchema:
     """A schema shipped with the package: `default` (the reference demo's transaction) or `rich`."""
     return _builtin(name)
@@ -418,6 +422,12 @@ def builtin(name: str) -> EventSchema:
 def builtin_path(name: str) -> str:
     """The file of a schema shipped with the package (for `--event-schema`)."""
     return str(resources.files("fraudrules").joinpath("schemas", f"{name}.ddl"))
+
+
+def builtins_declaring(path: str) -> list[str]:
+    """The files of the schemas shipped with the package that declare `path`: where a rule naming a field its job's
+    schema lacks was likely written for."""
+    return [builtin_path(name) for name in BUILTINS if _builtin(name).field(path) is not None]
 
 
 @cache

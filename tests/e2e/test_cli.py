@@ -177,8 +177,15 @@ def test_rules_commands_as_written(tmp_path):
         "",
         "fraudrules rules: rule 4242: no such rule\n",
     )
+    deleted = fraudrules("rules", "delete", "1", "--author", "a.reviewer@example.com", cwd=tmp_path)
+    assert deleted.stdout == "rule 1 v4 DELETE\n"
+    revived = fraudrules("rules", "activate", "1", cwd=tmp_path)
+    assert revived.returncode == 2 and "rule 1: is deleted: `rules put` its definition again" in revived.stderr
+    assert fraudrules("rules", "put", "rule.json", cwd=tmp_path).stdout == "rule 1 v5 ACTIVE\n"
     history = fraudrules("rules", "history", "1", cwd=tmp_path).stdout.splitlines()
-    assert [line.split()[0] for line in history] == ["v1", "v2", "v3"]
+    assert [line.split()[0] for line in history] == ["v1", "v2", "v3", "v4", "v5"]
+    states = {line.index(s) for line, s in zip(history, ["ACTIVE", "PAUSE", "ACTIVE", "DELETE", "ACTIVE"], strict=True)}
+    assert len(states) == 1, history  # one column, whatever the authors' lengths
     invalid = [{**rule, "ruleId": 9, "aggregateFieldName": "colour", "windowMinutes": 0}]
     res = fraudrules("rules", "put", "-", stdin=json.dumps(invalid), cwd=tmp_path)
     assert res.returncode == 2

@@ -154,6 +154,24 @@ def test_unusable_arguments_of_the_other_commands(tmp_path, capsys):
     one_line_error(code, err, "--facts nope.json: no such file")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["backtest", "--transactions", "t.jsonl", "--rules", "r.json", "--out", "a.jsonl", "--schema", "rich"],
+        ["rules", "list", "--catalog", "main"],
+        ["export", "alerts", "--out", "a.jsonl", "--catalog", "main"],
+    ],
+)
+def test_catalog_or_schema_alone_is_an_error_not_path_tables(argv, tmp_path, capsys, monkeypatch):
+    """Without its partner, --catalog or --schema would quietly mean path tables (`--schema rich` is not the event
+    schema: that is --event-schema)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jsonl").write_text("")
+    (tmp_path / "r.json").write_text((Path(__file__).parents[1] / "fixtures" / "rules.json").read_text())
+    code, _, err = run_main(capsys, *argv, "--data-dir", str(tmp_path))
+    one_line_error(code, err, "catalog and schema go together")
+
+
 def test_rules_files_that_cannot_be_used_are_one_line_errors(tmp_path, capsys):
     """An invalid rule, text that is not UTF-8 and JSON that is not JSON: named, exit 2, before Spark starts (a
     backtest with an invalid rule included: a backtest without it would answer another question)."""
@@ -288,3 +306,24 @@ def test_generate_writes_the_rich_schemas_events(tmp_path, capsys):
     assert code == 0 and out.startswith("wrote 10 transactions")
     record = json.loads((tmp_path / "part-000000.json").read_text().splitlines()[0])
     assert {"channel", "merchant"} <= set(record) and set(record["merchant"]) >= {"id", "country"}
+
+
+def test_rules_history_keeps_its_columns_whatever_the_authors_and_changes():
+    from datetime import datetime, timezone
+
+    when = datetime(2026, 12, 6, 12, tzinfo=timezone.utc)
+    rows = [
+        {"version": 1, "updatedAt": when, "updatedBy": "cli", "change": "create", "ruleState": "ACTIVE"},
+        {
+            "version": 12,
+            "updatedAt": None,
+            "updatedBy": "a.reviewer@example.com",
+            "change": "promote:105",
+            "ruleState": "DELETE",
+        },
+    ]
+    lines = cli.history_lines(rows, lambda row: "SUM(x) by y")
+    assert lines == [
+        "v1  2026-12-06T12:00:00Z cli                    create      ACTIVE SUM(x) by y",
+        "v12 -                    a.reviewer@example.com promote:105 DELETE SUM(x) by y",
+    ]

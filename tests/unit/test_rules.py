@@ -49,6 +49,19 @@ def test_each_validation_error_is_named(change, problem):
     assert any(problem in p for p in err.value.problems), err.value.problems
 
 
+def test_a_misspelt_count_or_a_field_of_the_rich_schema_gets_a_hint():
+    with pytest.raises(RuleError) as err:
+        parse_rule({**BASE, "aggregateFieldName": "COUNT_FLINKK"})
+    assert (
+        "aggregateFieldName: 'COUNT_FLINKK' is not in the event schema (closest: COUNT_FLINK" in err.value.problems[0]
+    )
+    with pytest.raises(RuleError) as err:
+        parse_rule({**BASE, "groupingKeyNames": ["deviceId"]})
+    rich = event_schema.builtin_path("rich")
+    assert f"; {rich} declares it: give that file as --event-schema" in err.value.problems[0]
+    assert event_schema.builtin("rich").field("deviceId") is not None
+
+
 def test_numbers_may_be_strings_and_rules_round_trip():
     rule = parse_rule({**BASE, "ruleId": "7", "windowMinutes": "10", "limit": 100.5})
     assert (rule.rule_id, rule.window_ms, rule.limit) == (7, 600_000, Decimal("100.5"))

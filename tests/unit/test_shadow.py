@@ -332,8 +332,11 @@ def test_the_period_is_the_batches_both_rules_ran_in():
     ]
     r = shadow_run(history, 105)
     assert (r.live_id, r.versions, r.ended_by) == (5, (3, 4), "promote:105")
-    with pytest.raises(RuleError):
+    with pytest.raises(RuleError, match="never been a SHADOW rule"):
         shadow_run(history[1:2], 105)
+    with pytest.raises(RuleError) as missing:
+        shadow_run(history, 999)
+    assert missing.value.problems == ["no such rule"]
     assert parse_time("2h", NOW) == datetime(2025, 12, 31, 22, tzinfo=timezone.utc)
     assert parse_time("2026-01-01T01:00:00", NOW) == datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
     with pytest.raises(ValueError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any, Union
 
-from fraudrules.event_schema import DEFAULT, EventSchema, Field
+from fraudrules.event_schema import DEFAULT, EventSchema, Field, builtins_declaring
 
 LOGIN_RULE = "LOGIN_ANOMALY"
 COUNT_FIELD = "COUNT_FLINK"
@@ -223,11 +223,15 @@ class _Names:
     strict: bool
     problems: list[str]
 
-    def known(self, name: str, where: str) -> Field | None:
+    def known(self, name: str, where: str, also: Iterable[str] = ()) -> Field | None:
+        """The declared field `name`; a submission naming none is a problem, with the closest names (`also`: the
+        names other than fields allowed in its place)."""
         found = self.schema.field(name)
         if found is None and self.strict:
-            close = self.schema.closest(name)
+            close = self.schema.closest(name, also=also)
             hint = f"closest: {', '.join(close)}" if close else f"declared: {', '.join(self.schema.fields)}"
+            if shipped := builtins_declaring(name):
+                hint += f"; {shipped[0]} declares it: give that file as --event-schema"
             self.problems.append(f"{where}: {name!r} is not in the event schema ({hint})")
         return found
 
@@ -353,7 +357,7 @@ def _aggregated(field_name: Any, names: _Names) -> int:
     if not isinstance(field_name, str):
         names.problems.append(f"aggregateFieldName {field_name!r} must be a field name or COUNT_FLINK")
         return 0
-    declared = names.known(field_name, "aggregateFieldName")
+    declared = names.known(field_name, "aggregateFieldName", also=sorted(COUNT_FIELDS))
     if declared is not None and not declared.numeric:
         if names.strict:
             names.problems.append(

@@ -73,6 +73,8 @@ def _ms(t: Any) -> int:
 def shadow_run(history: list[dict], shadow_id: int) -> Run:
     """The latest run of consecutive SHADOW versions of rule `shadow_id` in its rule_history rows."""
     rows = sorted((r for r in history if r["ruleId"] == shadow_id and r["ruleState"] != "CONTROL"), key=_version)
+    if not rows:
+        raise RuleError(shadow_id, ["no such rule"])  # as the other rule commands say it
     last = max((i for i, r in enumerate(rows) if r["ruleState"] == "SHADOW"), default=None)
     if last is None:
         raise RuleError(shadow_id, ["has never been a SHADOW rule"])

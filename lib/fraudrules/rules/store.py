@@ -165,6 +165,8 @@ def set_state(spark: SparkSession, cfg: JobConfig, rule_id: int, state: str, aut
     if row is None:
         raise RuleError(rule_id, ["no such rule"])
     rule = from_row(row, event_schema.for_job(cfg))
+    if rule.state == "DELETE" and state != "DELETE":  # a deleted rule comes back only as a definition, on purpose
+        raise RuleError(rule_id, ["is deleted: `rules put` its definition again to bring it back"])
     if state == "ACTIVE" and rule.shadow_of is not None:
         raise RuleError(rule_id, [f"it shadows rule {rule.shadow_of}: `rules promote {rule_id}` replaces that rule"])
     return apply(spark, cfg, [replace(rule, state=state)], author)[0]
