@@ -1,0 +1,69 @@
+"""The versions of PySpark, Delta and Great Expectations are pinned in several files that must move together on an
+upgrade (docs/operations.md, "Upgrading PySpark, Delta, Great Expectations"): each pin read where it is written."""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _found(pattern: str, path: str) -> list[str]:
+    values = re.findall(pattern, (ROOT / path).read_text())
+    assert values, f"no match of {pattern!r} in {path}: the pin moved; update this test and the upgrade section"
+    return values
+
+
+def _pins(package: str) -> dict[str, set[str]]:
+    """Where a Python package is pinned: the requirements files, the extras, the bundle's jobs."""
+    pin = rf"{re.escape(package)}==([0-9][\w.]*)"
+    requirements = "requirements-quality.txt" if package == "great_expectations" else "requirements.txt"
+    out = {
+        requirements: set(_found(rf"(?m)^{pin}", requirements)),
+        "pyproject.toml": set(_found(pin, "pyproject.toml")),
+    }
+    for job in sorted((ROOT / "resources").glob("*.yml")):
+        if found := re.findall(pin, job.read_text()):
+            out[f"resources/{job.name}"] = set(found)
+    return out
+
+
+def _one(pins: dict[str, set[str]]) -> str:
+    versions = set().union(*pins.values())
+    assert len(versions) == 1, pins
+    return versions.pop()
+
+
+def test_pyspark_is_one_version_in_python_the_jvm_jars_and_the_compat_guard():
+    from fraudrules.engine import pyspark_compat
+
+    version = _one(_pins("pyspark"))
+    assert _found(r"<spark.version>([^<]+)</spark.version>", "jvm/spark/pom.xml") == [version]
+    minor = ".".join(version.split(".")[:2])
+    assert _found(r"<artifactId>delta-spark_([0-9.]+)_2.13</artifactId>", "jvm/spark/pom.xml") == [minor]
+    assert version == pyspark_compat.RELEASE
+    assert metadata.version("pyspark") == version  # what `make setup` installed
+
+
+def test_delta_is_one_version_in_python_and_the_jvm_jars():
+    version = _one(_pins("delta-spark"))
+    assert _found(r"<delta.version>([^<]+)</delta.version>", "jvm/spark/pom.xml") == [version]
+    assert metadata.version("delta-spark") == version
+
+
+def test_great_expectations_is_one_version_in_the_venv_the_extra_and_the_bundle():
+    pins = _pins("great_expectations")
+    assert any(k.startswith("resources/") for k in pins), pins  # the bundle's quality job installs it too
+    version = _one(pins)
+    pytest.importorskip("great_expectations")
+    assert metadata.version("great_expectations") == version
+
+
+def test_the_local_file_system_is_built_against_the_hadoop_of_the_pyspark_wheel():
+    hadoop = _found(r"<hadoop.version>([^<]+)</hadoop.version>", "jvm/localfs/pom.xml")[0]
+    jars = Path(metadata.distribution("pyspark").locate_file("pyspark/jars"))
+    assert (jars / f"hadoop-client-api-{hadoop}.jar").is_file(), sorted(p.name for p in jars.glob("hadoop-client*"))
