@@ -12,7 +12,7 @@ where its CPU went: by process (the driver JVM, each kind of Python worker) and 
 (tools/cpu_profile.py).
 
 Kafka end to end (`--mode kafka`, the figure users see): a local single-node broker
-(tests/support/kafka_broker.py) and the job as production runs it, `fraudrules run --no-generator --source kafka`
+(tools/support/kafka_broker.py) and the job as production runs it, `fraudrules run --no-generator --source kafka`
 in a child process with the bench rules.
 A producer sends the workload at `--rate` tx/s in small batches (every 15 ms), each record's ingestionTimestamp the
 wall clock at send; a consumer reads the alerts topic as alerts arrive. An alert's latency is its receive time minus
@@ -434,7 +434,7 @@ def kafka_mode(
 ) -> list[KafkaRun]:
     """Kafka end to end at each rate in turn (a fresh job each time) on one local broker, printing each run's lines
     as it ends; the broker and every job are stopped whatever happens."""
-    from tests.support.kafka_broker import start_local_broker
+    from tools.support.kafka_broker import start_local_broker
 
     os.makedirs(root, exist_ok=True)
     shutil.rmtree(os.path.join(root, "kafka"), ignore_errors=True)
@@ -460,7 +460,7 @@ def kafka_run(
     stamps each record at send; a consumer times each alert read back from the alerts topic. With `preload`, the job
     first drains a backlog of long-lived state (`Preload`)."""
     from fraudrules.generator import KafkaRateWriter
-    from tests.support.kafka_broker import TopicTail, create_topics, end_offsets
+    from tools.support.kafka_broker import TopicTail, create_topics, end_offsets
 
     name = f"kafka-{rate:g}"
     data_dir = os.path.join(root, name)

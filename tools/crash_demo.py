@@ -1,5 +1,5 @@
 """`make crash-demo`: exactly-once across crashes, shown by killing the job with SIGKILL, or with `--faults` across
-outages (the harness is `tests/support/crash_demo.py`, and `tests/support/faults.py` for the outages).
+outages (the harness is `tools/support/crash_demo.py`, and `tools/support/faults.py` for the outages).
 
 1. A workload (transactions with injected bursts, logins with injected attacks, and a sprinkling of bad
    records of every class) is written into files, or produced into Kafka topics (`source="kafka"`).
@@ -32,8 +32,8 @@ import argparse
 import os
 import sys
 
-from tests.support.crash_demo import PRODUCTION_SHARDS, Demo, Report
-from tests.support.faults import CLIENT_TIMEOUTS, FAULTS, Faults
+from tools.support.crash_demo import PRODUCTION_SHARDS, Demo, Report
+from tools.support.faults import CLIENT_TIMEOUTS, FAULTS, Faults
 
 
 def main(
@@ -74,7 +74,7 @@ def main(
     broker = None
     try:
         if source == "kafka":
-            from tests.support.kafka_broker import start_local_broker
+            from tools.support.kafka_broker import start_local_broker
 
             broker = start_local_broker(os.path.join(root, "kafka"))
             if faults:  # the input arrives in parts, with the faults

@@ -1,4 +1,4 @@
-"""The local single-node broker of `tests/support/kafka_broker.py` from the command line: `make kafka`,
+"""The local single-node broker of `tools/support/kafka_broker.py` from the command line: `make kafka`,
 `make kafka-jars`, `make run SOURCE=kafka`.
 
     python -m tools.kafka_local start --work-dir DIR [--port N]      # in the foreground until Ctrl-C
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from tests.support.kafka_broker import (
+from tools.support.kafka_broker import (
     DEFAULT_JARS,
     DEFAULT_POM,
     LocalKafka,

@@ -1,5 +1,5 @@
 """Run the analyst notebooks headless, top to bottom, as a reader would (`make notebooks`; the runner is
-`tests/support/notebooks.py`).
+`tools/support/notebooks.py`).
 
     python -m tools.notebooks_runner --out notebooks/_executed
 """
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.notebooks import NOTEBOOK_ENV, NOTEBOOKS_DIR, execute, notebooks, to_html
+from tools.support.notebooks import NOTEBOOK_ENV, NOTEBOOKS_DIR, execute, notebooks, to_html
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,7 +87,7 @@ def full_read(path: str) -> tuple[float, int]:
 
 def soak(root: str, minutes: float, rate: float, every_min: float, maintain_every_min: float, dq_min: float) -> bool:
     """The soak run; True when the alerts received, the alerts table and the backtest agree."""
-    from tests.support.kafka_broker import TopicTail, create_topics, end_offsets, start_local_broker
+    from tools.support.kafka_broker import TopicTail, create_topics, end_offsets, start_local_broker
 
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
@@ -229,7 +229,7 @@ def finish(
 
 def backtest(root: str, bootstrap: str, topic: str, rules: str) -> set[str]:
     """The alert ids of `fraudrules backtest` over every transaction of the topic, in topic order."""
-    from tests.support.kafka_broker import _reader, end_offsets
+    from tools.support.kafka_broker import _reader, end_offsets
 
     source = os.path.join(root, "input")
     os.makedirs(source, exist_ok=True)

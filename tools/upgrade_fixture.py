@@ -1,5 +1,5 @@
 """Make the upgrade fixture again: a data dir left by a released commit's job, killed mid-run with micro-batches in
-its outbox, packed as `tests/fixtures/upgrade-<commit>.tar.gz` (the harness is `tests/support/upgrade.py`; the test
+its outbox, packed as `tests/fixtures/upgrade-<commit>.tar.gz` (the harness is `tools/support/upgrade.py`; the test
 that resumes it is `tests/e2e/test_upgrade.py`).
 
     .venv/bin/python -m tools.upgrade_fixture                  # the commit the test names (upgrade.COMMIT)
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.support import upgrade
+from tools.support import upgrade
 
 
 def cli(argv: list[str] | None = None) -> int:

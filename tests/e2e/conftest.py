@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.real_tables import real_backtest
+from tools.support.real_tables import real_backtest
 
 
 @pytest.fixture(scope="session")
 def backtest_data(tmp_path_factory) -> Path:
-    """Tables and checkpoints of one real backtest (tests/support/real_tables.py), read by several tests."""
+    """Tables and checkpoints of one real backtest (tools/support/real_tables.py), read by several tests."""
     return real_backtest(tmp_path_factory.mktemp("dq"))

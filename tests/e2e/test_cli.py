@@ -21,7 +21,7 @@ from fraudrules.engine import ingest
 from fraudrules.generator import LoginWorkload
 from fraudrules.rules.model import load_rules_file
 from tests.support import reference
-from tests.support.real_tables import bad_records
+from tools.support.real_tables import bad_records
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SAMPLE_RULES = Path(__file__).parents[2] / "lib" / "fraudrules" / "sample_rules.json"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fraudrules import event_schema
-from tests.support.crash_demo import PRODUCTION_SHARDS, Demo, Report
+from tools.support.crash_demo import PRODUCTION_SHARDS, Demo, Report
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import pytest
 from fraudrules.engine import ingest
 from fraudrules.ops.delta_log import read_newest
 from tests.support.airflow_support import JOB_PYTHON, REPO, alerts, dag_test, last_json, needs_airflow
-from tests.support.real_tables import job_env
+from tools.support.real_tables import job_env
 
 pytestmark = [
     pytest.mark.e2e,

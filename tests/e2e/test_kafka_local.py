@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kafka_broker import DEFAULT_JARS, DEFAULT_POM, LocalKafka, resolve_jars
+from tools.support.kafka_broker import DEFAULT_JARS, DEFAULT_POM, LocalKafka, resolve_jars
 
 pytestmark = [
     pytest.mark.kafka,

@@ -24,7 +24,7 @@ from fraudrules.generator import Workload
 from fraudrules.rules import store
 from fraudrules.rules.model import parse_rule
 from tests.support import reference
-from tests.support.kafka_broker import (
+from tools.support.kafka_broker import (
     DEFAULT_JARS,
     DEFAULT_POM,
     LocalKafka,

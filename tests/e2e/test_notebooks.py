@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fraudrules.session import local_jars
-from tests.support import notebooks as notebooks_runner
+from tools.support import notebooks as notebooks_runner
 
 pytestmark = [
     pytest.mark.e2e,

@@ -1,6 +1,6 @@
 """Outages survived: the continuous job (`fraudrules run --no-generator`, a child process) through a Kafka broker
 stopped and started again, the `alerts` table's storage unwritable, and another process appending to and compacting
-`alerts` (`tests/support/faults.py`). It restarts itself where it fails, and its alerts equal a backtest of the
+`alerts` (`tools/support/faults.py`). It restarts itself where it fails, and its alerts equal a backtest of the
 same input: none lost, none twice."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from tests.support.crash_demo import Demo, Report
-from tests.support.faults import CLIENT_TIMEOUTS, Faults
-from tests.support.kafka_broker import start_local_broker
+from tools.support.crash_demo import Demo, Report
+from tools.support.faults import CLIENT_TIMEOUTS, Faults
+from tools.support.kafka_broker import start_local_broker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM")]
 OUTAGE_S = 15.0

@@ -15,7 +15,7 @@ from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine.shard_values import LAYOUT_FILE
 from fraudrules.rules.model import load_rules_file
 from tests.support import reference
-from tests.support.upgrade import previous_release
+from tools.support.upgrade import previous_release
 
 REPO = Path(__file__).parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

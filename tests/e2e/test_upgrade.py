@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 
 from fraudrules import tables
 from fraudrules.config import JobConfig
-from tests.support import upgrade
+from tools.support import upgrade
 
 ALERT = ["alertId", "ruleId", "ruleVersion", "key", "aggregate", "eventTimeMs"]
 

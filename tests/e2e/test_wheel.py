@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.real_tables import REPO
+from tools.support.real_tables import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("java") is None, reason="needs a JVM")]
 SUITES = {

@@ -10,7 +10,7 @@ from fraudrules.engine import job, lines
 from fraudrules.generator import Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import load_rules_file
-from tests.support.real_tables import RULES
+from tools.support.real_tables import RULES
 
 pytestmark = pytest.mark.spark
 

@@ -36,6 +36,13 @@ def test_no_tooling_and_no_repository_paths(path):
     assert "__file__" not in path.read_text(), "find package data with importlib.resources, not from __file__"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "tools").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_tools_do_not_import_the_tests(path):
+    """Tests may use the dev tools (tools/support: the local broker, the crash demo, fixtures' data), not the other
+    way round."""
+    assert not {m for m in imported(path) if m == "tests" or m.startswith("tests.")}
+
+
 @pytest.mark.parametrize("path", sorted((PACKAGE / "engine").glob("*.py")), ids=lambda p: p.name)
 def test_the_engine_does_not_import_the_generator(path):
     assert not {m for m in imported(path) if m.startswith("fraudrules.generator")}

@@ -1,5 +1,5 @@
 """The crash demo's harness: a workload with bad records of every class, the job in a child process killed with
-SIGKILL at random points and restarted (or, continuous, put through outages: `tests/support/faults.py`), and its
+SIGKILL at random points and restarted (or, continuous, put through outages: `tools/support/faults.py`), and its
 tables compared with a backtest of the same input (`Demo`, `Report`). `tools/crash_demo.py` (`make crash-demo`),
 `tests/e2e/test_crash_recovery.py` and `tests/e2e/test_outages.py` run it.
 """
@@ -205,7 +205,7 @@ class Demo:
 
     def use_broker(self, bootstrap: str) -> None:
         """Kafka variant: the job's topics on this broker."""
-        from tests.support.kafka_broker import create_topics
+        from tools.support.kafka_broker import create_topics
 
         self.kafka_bootstrap = bootstrap
         cfg = self.job_cfg
@@ -213,7 +213,7 @@ class Demo:
 
     def produce(self, bootstrap: str) -> None:
         """Kafka variant: the same records, in the same order, into the transactions and logins topics."""
-        from tests.support.kafka_broker import produce
+        from tools.support.kafka_broker import produce
 
         self.use_broker(bootstrap)
         cfg = self.job_cfg
@@ -456,7 +456,7 @@ class Demo:
         ]
 
     def _kafka_alerts(self, delta_alerts: list[tuple]) -> list[str]:
-        from tests.support.kafka_broker import consume_all
+        from tools.support.kafka_broker import consume_all
 
         keys = Counter(m.key().decode() for m in consume_all(self.kafka_bootstrap, "alerts"))
         missing = len({a[0] for a in delta_alerts} - set(keys))

@@ -30,8 +30,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tests.support.crash_demo import FOREIGN, Demo, kill_group
-from tests.support.kafka_broker import LocalKafka, produce
+from tools.support.crash_demo import FOREIGN, Demo, kill_group
+from tools.support.kafka_broker import LocalKafka, produce
 
 PROGRESS_TABLES = ("transactions", "logins", "quarantine", "batches")  # what says how far the job got
 FAULTS = ("broker", "storage", "writer")  # the broker's needs a Kafka source

@@ -25,7 +25,7 @@ from pathlib import Path
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine.outbox import OUTBOX_FOLDER, Outbox
 from fraudrules.generator import LoginWorkload
-from tests.support.real_tables import LOGIN_RULE, RULES, bad_records
+from tools.support.real_tables import LOGIN_RULE, RULES, bad_records
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "a5f864d"  # the released commit the fixture was made with
