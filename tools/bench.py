@@ -61,12 +61,12 @@ from fraudrules.session import get_spark
 from tools import cpu_profile
 
 BENCH_RULES = Path(__file__).with_name("bench_rules.json")
-# --schema rich: the rich event schema's transactions (11 fields, nested ones) and 6 rules on nested text keys
-SCHEMAS = {
+# --events rich: the rich event schema's transactions (11 fields, nested ones) and 6 rules on nested text keys
+EVENT_KINDS = {
     "default": (None, Workload, BENCH_RULES),
     "rich": (event_schema.builtin_path("rich"), RichWorkload, Path(__file__).with_name("bench_rules_rich.json")),
 }
-SCHEMA = "default"  # the --schema of this run
+EVENTS = "default"  # the --events of this run
 PROFILES = ("local", "cluster")
 CLUSTER_SHARDS = 16  # the bundle's shards and state partitions
 BENCH_SCHEMA = "fraudrules_bench"
@@ -110,7 +110,7 @@ def _tree_memory(root: int) -> tuple[int, int]:
 
 
 def bench_rules(window_factor: int = 1) -> list[Rule]:
-    ddl, _, path = SCHEMAS[SCHEMA]
+    ddl, _, path = EVENT_KINDS[EVENTS]
     rules = load_rules_file(str(path), event_schema.of(ddl))
     return [replace(r, window_minutes=r.window_minutes * window_factor) for r in rules]
 
@@ -124,12 +124,12 @@ def rules_file(folder: str, window_minutes: int) -> str:
 
 def workload(**kwargs) -> Workload:
     """The benchmark's transactions, of the schema chosen."""
-    return SCHEMAS[SCHEMA][1](**kwargs)
+    return EVENT_KINDS[EVENTS][1](**kwargs)
 
 
 def job_config(**kwargs) -> JobConfig:
     """A JobConfig on the schema chosen."""
-    return JobConfig(event_schema=SCHEMAS[SCHEMA][0], **kwargs)
+    return JobConfig(event_schema=EVENT_KINDS[EVENTS][0], **kwargs)
 
 
 def profiled(cfg: JobConfig, profile: str) -> JobConfig:
@@ -480,7 +480,7 @@ def kafka_run(
         alerts[row["alertId"]] = (*stamps, received_ms)
 
     log_path = os.path.join(data_dir, "job.log")
-    rules = rules_file(data_dir, preload.window_minutes) if preload else str(SCHEMAS[SCHEMA][2])
+    rules = rules_file(data_dir, preload.window_minutes) if preload else str(EVENT_KINDS[EVENTS][2])
     if preload:
         started = time.monotonic()
         produced = _produce_backlog(bootstrap, topics["transactions"], preload.events())
@@ -580,8 +580,8 @@ def kafka_command(bootstrap: str, data_dir: str, topics: dict[str, str], profile
     command += ["--kafka-bootstrap", bootstrap, "--data-dir", data_dir, "--rules", rules]
     for kind, topic in topics.items():
         command += [f"--{kind}-topic", topic]
-    if SCHEMAS[SCHEMA][0]:
-        command += ["--event-schema", str(SCHEMAS[SCHEMA][0])]
+    if EVENT_KINDS[EVENTS][0]:
+        command += ["--event-schema", str(EVENT_KINDS[EVENTS][0])]
     if profile == "cluster":  # as `profiled` and the scale mode: the bundle's shards, catalog tables
         schema = f"{BENCH_SCHEMA}_{os.path.basename(data_dir)}".replace("-", "_").replace(".", "_")
         command += ["--catalog", "spark_catalog", "--schema", schema]
@@ -747,7 +747,7 @@ def _backtest(source: str, rules: str, folder: str, profile: str) -> subprocess.
     in `folder`/work, its alerts in `folder`/alerts.jsonl."""
     command = [sys.executable, "-m", "fraudrules.cli", "backtest", "--transactions", source, "--rules", rules]
     command += ["--out", os.path.join(folder, "alerts.jsonl"), "--data-dir", os.path.join(folder, "work")]
-    command += ["--fresh"] + (["--event-schema", SCHEMAS[SCHEMA][0]] if SCHEMAS[SCHEMA][0] else [])
+    command += ["--fresh"] + (["--event-schema", EVENT_KINDS[EVENTS][0]] if EVENT_KINDS[EVENTS][0] else [])
     env = dict(os.environ)
     if profile == "cluster":
         command += ["--catalog", "spark_catalog", "--schema", f"{BENCH_SCHEMA}_{os.path.basename(folder)}"]
@@ -763,7 +763,7 @@ def cpu(root: str, count: int, profile: str) -> list[str]:
     shutil.rmtree(folder, ignore_errors=True)
     source = os.path.join(folder, "tx")
     files = -(-write_jsonl(source, workload(count=count).transactions(), per_file=PER_FILE) // PER_FILE)
-    proc = _backtest(source, str(SCHEMAS[SCHEMA][2]), folder, profile)
+    proc = _backtest(source, str(EVENT_KINDS[EVENTS][2]), folder, profile)
     sampler = cpu_profile.Sampler(proc.pid)
     sampler.start()
     out, err = proc.communicate()
@@ -778,7 +778,7 @@ def cpu(root: str, count: int, profile: str) -> list[str]:
 def _one_file(folder: str, records: int) -> str:
     """The scale workload (20,000 payees, 5,000 beneficiaries) of the schema chosen as one JSON-lines file, written
     once."""
-    path = os.path.join(folder, f"transactions-{SCHEMA}-{records}.json")
+    path = os.path.join(folder, f"transactions-{EVENTS}-{records}.json")
     if not os.path.exists(path):
         transactions = workload(count=records, payees=20_000, beneficiaries=5_000).transactions()
         write_jsonl(os.path.join(folder, "new"), transactions, per_file=records)
@@ -807,7 +807,7 @@ def main(
     writes = "catalog tables, Spark's Delta writer" if profile == "cluster" else "path tables, delta-rs"
     print(
         f"fraudrules bench, profile {profile}, on {os.cpu_count()} cores (local[2], {shards} shards, {writes}, "
-        f"RocksDB state store), {SCHEMA} event schema, {time.strftime('%Y-%m-%d')}",
+        f"RocksDB state store), {EVENTS} event schema, {time.strftime('%Y-%m-%d')}",
         flush=True,
     )
     if profile == "cluster":
@@ -879,7 +879,9 @@ def cli(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=float, default=60.0, help="measured seconds of the latency and kafka modes")
     p.add_argument("--warmup", type=float, default=40.0, help="kafka mode: seconds of input not measured first")
-    p.add_argument("--schema", choices=sorted(SCHEMAS), default="default", help="event schema, workload and rules")
+    p.add_argument(
+        "--events", choices=sorted(EVENT_KINDS), default="default", help="the events' schema, workload and rules"
+    )
     p.add_argument(
         "--preload-hours",
         type=float,
@@ -889,8 +891,8 @@ def cli(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--preload-rate", type=float, default=50.0, help="transactions/s of event time of the preload")
     a = p.parse_args(argv)
-    global SCHEMA
-    SCHEMA = a.schema
+    global EVENTS
+    EVENTS = a.events
     if a.rates and a.mode != "kafka":
         p.error("--rates is for --mode kafka")
     if a.preload_hours and a.mode != "kafka":

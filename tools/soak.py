@@ -107,7 +107,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
             received[row["alertId"]] = (row.get("ingestionTimestamp") or -1, received_ms)
 
     log_path = os.path.join(root, "job.log")
-    rules = str(bench.SCHEMAS[bench.SCHEMA][2])
+    rules = str(bench.EVENT_KINDS[bench.EVENTS][2])
     child = bench._spawn_job(bench.kafka_command(broker.bootstrap, data_dir, topics, "local", rules), log_path, "local")
     tail = TopicTail(broker.bootstrap, topics["alerts"], on_alert)
     tail.start()

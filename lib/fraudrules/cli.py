@@ -356,7 +356,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check(output_problem(os.path.join(args.out, "part-000000.json"), "--out"))
     from fraudrules.generator import RichWorkload, Workload, write_jsonl
 
-    kind = RichWorkload if args.event_kind == "rich" else Workload
+    kind = RichWorkload if args.events == "rich" else Workload
     wl = kind(count=args.count, seed=args.seed, payees=args.payees, beneficiaries=args.beneficiaries)
     n = write_jsonl(args.out, wl.transactions(), per_file=args.per_file)
     files = -(-n // args.per_file)
@@ -820,8 +820,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--beneficiaries", type=positive_int, default=500, help="distinct beneficiaries (Zipf-skewed)")
     gen.add_argument("--per-file", type=positive_int, default=5_000, help="transactions per file")
     gen.add_argument(
-        "--schema",
-        dest="event_kind",
+        "--events",
         choices=["default", "rich"],
         default="default",
         help="the events' schema: the reference demo's transaction, or lib/fraudrules/schemas/rich.ddl (merchant, "

@@ -302,7 +302,7 @@ def test_a_backtest_with_an_invalid_rule_exits_2_naming_each_before_spark_starts
 
 
 def test_generate_writes_the_rich_schemas_events(tmp_path, capsys):
-    code, out, _ = run_main(capsys, "generate", "--schema", "rich", "--out", str(tmp_path), "--count", "10")
+    code, out, _ = run_main(capsys, "generate", "--events", "rich", "--out", str(tmp_path), "--count", "10")
     assert code == 0 and out.startswith("wrote 10 transactions")
     record = json.loads((tmp_path / "part-000000.json").read_text().splitlines()[0])
     assert {"channel", "merchant"} <= set(record) and set(record["merchant"]) >= {"id", "country"}
