@@ -22,9 +22,9 @@ from pyspark.sql import SparkSession
 from fraudrules import tables
 from fraudrules.config import EVALUATE_QUERY, RULES_QUERY, JobConfig
 from fraudrules.engine import job, lines, state
-from fraudrules.engine.messages import plural
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule
+from fraudrules.rules.text import plural
 from fraudrules.tables import number_text, per_distinct
 
 ALERT_FIELDS = (

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import __version__, logs
 from fraudrules.config import MAX_RESTARTS, TABLES, JobConfig, config_from, parse_options
-from fraudrules.engine.messages import plural
 from fraudrules.paths import input_problem, is_remote, output_problem
+from fraudrules.rules.text import plural
 
 if TYPE_CHECKING:
     from fraudrules.event_schema import EventSchema
@@ -157,7 +157,8 @@ def read_rules(path: str, what: str, schema: EventSchema, state: str | None = No
 
 def jars_missing() -> str | None:
     """Why a local session cannot start: its Delta jars are not where they are looked for (one line)."""
-    from fraudrules.session import jars_problem, on_databricks
+    from fraudrules.jars import jars_problem
+    from fraudrules.session import on_databricks
 
     return None if on_databricks() else jars_problem()
 
@@ -444,10 +445,10 @@ def history_lines(rows: list[dict], describe) -> list[str]:
 
 def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int | None, author: str) -> list[str]:
     from fraudrules import event_schema
-    from fraudrules.engine.messages import rule_text
     from fraudrules.rules import store
     from fraudrules.rules.codec import from_row
     from fraudrules.rules.model import RuleError
+    from fraudrules.rules.text import rule_text
 
     schema = event_schema.for_job(cfg)
 

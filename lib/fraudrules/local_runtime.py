@@ -19,7 +19,7 @@ import re
 from pyspark.sql import SparkSession
 
 from fraudrules import logs
-from fraudrules.session import jars_file
+from fraudrules.jars import jars_file
 
 DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
 # Hadoop's local file system without a forked `chmod` per created file (jvm/localfs), built by `make setup` into

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fraudrules.session import local_jars
+from fraudrules.jars import local_jars
 from tools.support import notebooks as notebooks_runner
 
 pytestmark = [

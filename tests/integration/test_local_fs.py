@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
+from fraudrules.jars import jars_folder
 from fraudrules.local_runtime import LOCAL_FS, LOCAL_FS_JAR
-from fraudrules.session import jars_folder
 
 pytestmark = [
     pytest.mark.spark,

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pyarrow as pa
 
 from fraudrules.backtest import ALERT_FIELDS, _newline_ended, alert_lines
-from fraudrules.engine.messages import iso_time
+from fraudrules.rules.text import iso_time
 from fraudrules.tables import exact_number, json_text
 
 TYPES = {

@@ -36,6 +36,47 @@ def test_no_tooling_and_no_repository_paths(path):
     assert "__file__" not in path.read_text(), "find package data with importlib.resources, not from __file__"
 
 
+def _module(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT / "lib").with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_circles():
+    """Lazy imports included: a circle means neither module can be understood, or moved, without the other."""
+    modules = {_module(p) for p in MODULES}
+    graph = {_module(p): (imported(p) & modules) - {_module(p)} for p in MODULES}
+    assert _cycles(graph) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # it finds one
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "tools").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_tools_do_not_import_the_tests(path):
     """Tests may use the dev tools (tools/support: the local broker, the crash demo, fixtures' data), not the other

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 
 from fraudrules.backtest import BacktestResult
-from fraudrules.engine.messages import iso_time, key_label, money, number, plural, rule_text, window_message
 from fraudrules.rules.model import parse_rule
+from fraudrules.rules.text import iso_time, key_label, money, number, plural, rule_text, window_message
 
 PAIR = '{"payeeId":"4","beneficiaryId":"36"}'
 

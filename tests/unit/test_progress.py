@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from fraudrules.engine import progress
-from fraudrules.engine.messages import duration_text
+from fraudrules.rules.text import duration_text
 
 ALERT_COLUMNS = ["ruleId", "key", "transactionId", "userId", "eventTimeMs", "message"]
 

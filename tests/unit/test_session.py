@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fraudrules import local_runtime, session
+from fraudrules import jars, local_runtime
 
 
 def final_flags(options: str) -> dict[str, str]:
@@ -80,13 +80,13 @@ def test_the_no_fork_local_file_system_only_where_it_is_built_and_the_session_is
 def test_an_editable_install_finds_its_repositorys_jars_from_any_folder(tmp_path, monkeypatch):
     """`make setup` installs the project editable: its jars are the repository's, wherever the command runs."""
     repo = Path(__file__).resolve().parents[2]
-    monkeypatch.delenv(session.JARS_ENV, raising=False)
+    monkeypatch.delenv(jars.JARS_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    assert session.source_tree() == repo
-    assert session.jars_folder() == str(repo / ".jars" / "spark")
-    monkeypatch.setenv(session.JARS_ENV, "elsewhere")  # the setting wins, relative to the current folder
-    assert session.jars_folder() == str(tmp_path / "elsewhere")
-    assert session.jars_problem() == (
+    assert jars.source_tree() == repo
+    assert jars.jars_folder() == str(repo / ".jars" / "spark")
+    monkeypatch.setenv(jars.JARS_ENV, "elsewhere")  # the setting wins, relative to the current folder
+    assert jars.jars_folder() == str(tmp_path / "elsewhere")
+    assert jars.jars_problem() == (
         f"no jars in {tmp_path / 'elsewhere'}: run `make setup` in the repository, or point FRAUDRULES_JARS at a "
         "folder of them"
     )

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fraudrules.engine.messages import iso_time, key_label, money, number, rule_text
 from fraudrules.rules.model import COUNT_FIELDS, Rule, stored_rule
+from fraudrules.rules.text import iso_time, key_label, money, number, rule_text
 
 # Integer columns holding epoch milliseconds (bronze eventTime is one).
 EPOCH_MS = frozenset(

@@ -23,10 +23,10 @@ from fraudrules.analyst import display, views
 from fraudrules.backtest import BacktestResult
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, QUERIES, JobConfig, flag
 from fraudrules.engine import job
-from fraudrules.engine.messages import rule_text
 from fraudrules.generator import RichWorkload, Workload, is_rich, sample_rules_path, write_jsonl
 from fraudrules.rules import shadow, store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule, stored_rule
+from fraudrules.rules.text import rule_text
 from fraudrules.session import dbutils, kafka_secret_options, on_databricks
 
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, INGEST_QUERY, JobConfig
 from fraudrules.engine import ingest, keying
 from fraudrules.engine.inputs import numeric
-from fraudrules.engine.messages import rule_text
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.generator import RichWorkload, sample_rules_path
 from fraudrules.rules import store
 from fraudrules.rules.model import NULL_OPS, AnyOf, Condition, Not, Rule, Term, load_rules_file, stored_rule
+from fraudrules.rules.text import rule_text
 
 if TYPE_CHECKING:
     import pandas as pd

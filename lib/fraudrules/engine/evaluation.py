@@ -16,13 +16,13 @@ from pandas.api.types import is_integer_dtype
 
 from fraudrules.engine import keying
 from fraudrules.engine.keying import Transactions
-from fraudrules.engine.messages import window_messages
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.state import Bounds, ShardEvents
 from fraudrules.engine.windowing import Events, evaluate
 from fraudrules.event_schema import DEFAULT, EventSchema
 from fraudrules.rules.codec import RULE_CHANGE, decode_change
 from fraudrules.rules.model import Rule
+from fraudrules.rules.text import window_messages
 
 LATE_REASON = "eventTime behind the watermark on arrival"
 # Output of both processors (window rules and the login detector), one schema for one sink.

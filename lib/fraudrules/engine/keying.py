@@ -28,9 +28,10 @@ from decimal import Decimal
 import numpy as np
 import pandas as pd
 
-from fraudrules.engine.windowing import NULL_UNIQ, once_each
+from fraudrules.engine.windowing import NULL_UNIQ
 from fraudrules.event_schema import DEFAULT, INGESTED, EventSchema, Field, mask_bit, mask_column
 from fraudrules.rules.model import COUNT_FIELDS, NULL_OPS, AnyOf, Condition, Not, Rule, Term
+from fraudrules.rules.text import once_each
 
 _I64_MAX = 2**63 - 1
 _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)

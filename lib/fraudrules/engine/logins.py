@@ -20,9 +20,9 @@ import pandas as pd
 import pyarrow as pa
 
 from fraudrules.engine.evaluation import LATE_REASON, OUTPUT_COLUMNS, Batch, alert_kind, typed
-from fraudrules.engine.messages import duration_text
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.rules.model import LOGIN_RULE, Rule
+from fraudrules.rules.text import duration_text
 
 
 @dataclass

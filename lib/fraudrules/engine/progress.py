@@ -28,7 +28,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryIdleEvent, QueryProgressEvent
 
 from fraudrules.config import EVALUATE_QUERY
-from fraudrules.engine.messages import duration_text, iso_time, plural
+from fraudrules.rules.text import duration_text, iso_time, plural
 
 Printer = Callable[[str], None]
 _SAY = threading.Lock()

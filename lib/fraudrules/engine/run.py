@@ -27,11 +27,11 @@ from pyspark.sql import SparkSession
 from fraudrules import event_schema, logs, tables
 from fraudrules.config import MAX_RESTARTS, JobConfig
 from fraudrules.engine import job, progress
-from fraudrules.engine.messages import rule_text
 from fraudrules.engine.progress import Printer, ProgressPrinter, error_line, say
 from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
 from fraudrules.rules.model import RuleError, load_rules_file
+from fraudrules.rules.text import rule_text
 
 DRAIN_S = 60.0  # how long a stop waits for the micro-batches in progress
 TICK_S = 5.0  # progress of a long wait, this often

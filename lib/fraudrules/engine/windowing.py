@@ -13,17 +13,14 @@ integers scaled by the rule's decimal scale, so all arithmetic is exact. Nothing
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
-from typing import TypeVar
 
 import numpy as np
 
 from fraudrules.rules.model import COUNT_FIELDS, RESET_FIELD, Rule
-
-V = TypeVar("V")
-R = TypeVar("R")
+from fraudrules.rules.text import once_each
 
 NULL_UNIQ = np.iinfo(np.int64).min  # `uniq` of an event whose distinct field is null (set by keying)
 
@@ -130,13 +127,6 @@ def _terminates(den: int) -> bool:
         while den % p == 0:
             den //= p
     return den == 1
-
-
-def once_each(values: Iterable[V], fn: Callable[[V], R]) -> list[R]:
-    """`fn` of each value, computed once per distinct value: alerts repeat their counts and keys."""
-    values = list(values)
-    done = {v: fn(v) for v in set(values)}
-    return [done[v] for v in values]
 
 
 def per_rule(rules: dict[int, Rule], ids: np.ndarray, value: Callable[[Rule], object], dtype: type) -> np.ndarray:

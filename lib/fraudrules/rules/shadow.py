@@ -27,9 +27,9 @@ from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, JobConfig
-from fraudrules.engine.messages import duration_text, iso_time, key_label, rule_text
 from fraudrules.rules.codec import from_row
 from fraudrules.rules.model import LOGIN_RULE, RuleError
+from fraudrules.rules.text import duration_text, iso_time, key_label, rule_text
 
 HOUR_MS = 3_600_000
 COLUMNS = ("alertId", "key", "eventTimeMs", "batchId")

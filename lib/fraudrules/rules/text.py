@@ -6,16 +6,27 @@ Used for the alerts' `message` column, the console, the rules CLI and the notebo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from typing import TypeVar
 
-from fraudrules.engine.windowing import once_each
 from fraudrules.rules.model import COUNT_FIELDS, LOGIN_RULE, NULL_OPS, RESET_FIELD, AnyOf, Condition, Not, Rule, Term
+
+V = TypeVar("V")
+R = TypeVar("R")
 
 SYMBOLS = {"EQUAL": "=", "NOT_EQUAL": "!=", "GREATER": ">", "GREATER_EQUAL": ">=", "LESS": "<", "LESS_EQUAL": "<="}
 FILTER_SYMBOLS = {"EQ": "=", "NE": "!=", "GT": ">", "GE": ">=", "LT": "<", "LE": "<="}
 AVG_PLACES = 2  # an average of counts is shown with this many decimals (an average of amounts: at their scale)
 MONEY_PLACES = 2
+
+
+def once_each(values: Iterable[V], fn: Callable[[V], R]) -> list[R]:
+    """`fn` of each value, computed once per distinct value: alerts repeat their counts and keys."""
+    values = list(values)
+    done = {v: fn(v) for v in set(values)}
+    return [done[v] for v in values]
 
 
 def plural(n: int, noun: str) -> str:
