@@ -563,15 +563,6 @@ def _cast(column: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> pa.ChunkedAr
     return column.cast(kind)
 
 
-def conform(df: DataFrame, name: str, cfg: JobConfig | None = None) -> DataFrame:
-    """The table's columns, in order, cast to the table's types (null where `df` lacks one: bronze keeps the
-    column of a field the event schema no longer declares)."""
-    fields = schema(df.sparkSession, name, cfg).fields
-    return df.select(
-        *((F.col(f.name) if f.name in df.columns else F.lit(None)).cast(f.dataType).alias(f.name) for f in fields)
-    )
-
-
 def export_jsonl(spark: SparkSession, cfg: JobConfig, name: str, out: str, order_by: list[str] | None = None) -> int:
     """Write a table as JSON lines (decimals as exact JSON numbers); returns the row count."""
     df = read(spark, cfg, name)

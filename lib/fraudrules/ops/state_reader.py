@@ -90,12 +90,6 @@ def _batch(cfg: JobConfig, batch_id: int | None) -> CommittedBatch | None:
     return last_committed(cfg) if batch_id is None else committed(cfg, EVALUATE_QUERY, batch_id)
 
 
-def engine_rules(spark: SparkSession, cfg: JobConfig, batch_id: int) -> dict[int, dict[int, tuple[int, int]]]:
-    """Per shard, the ACTIVE window rules the engine holds: ruleId -> (signature, window ms)."""
-    schema = event_schema.for_job(cfg)
-    return {s: RuleSet.from_json(t, schema).windows() for s, t in _values(spark, cfg, "rules", batch_id).items()}
-
-
 def events(
     spark: SparkSession,
     cfg: JobConfig,
