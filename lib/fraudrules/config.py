@@ -36,6 +36,7 @@ EVALUATE_QUERY = "evaluate"
 LOGINS_INGEST_QUERY = "ingest_logins"
 TRANSACTION_QUERIES = (RULES_QUERY, INGEST_QUERY, EVALUATE_QUERY)
 QUERIES = (*TRANSACTION_QUERIES, LOGINS_INGEST_QUERY)
+RULES_FORMATS = ("fraudrules", "debezium")  # what a rules message holds (JobConfig.rules_format)
 MAX_RESTARTS = 30  # `fraudrules run`: restarts after failures in any hour, by default (engine/run.py `Restarts`)
 
 
@@ -75,6 +76,11 @@ class JobConfig:
     kafka_rules_topic: str | None = None  # rule changes from this topic instead of the rules folder
     kafka_alerts_topic: str | None = None  # alerts also published here (at-least-once; key = alertId)
     kafka_starting_offsets: str = "earliest"  # for a fresh checkpoint only: "earliest", "latest" or JSON
+    # What a rules message holds (topic or folder): "fraudrules", our rule JSON (a rule or a list); "debezium", a
+    # Debezium change event of a database's rules table (rules/cdc.py), its columns named per rule field in
+    # `rules_columns` (FIELD -> COLUMN; a field not named is read from the column of its own name).
+    rules_format: str = "fraudrules"
+    rules_columns: dict[str, str] = field(default_factory=dict)
     # The transaction event schema: a file of Spark SQL DDL (`event_schema`); None: the default schema. Rules may
     # name any field it declares. A restart may add fields (bronze gains their columns), not remove one that an
     # ACTIVE rule uses nor change a field's type.
@@ -91,6 +97,8 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.source not in ("files", "kafka"):
             raise ValueError(f"source must be 'files' or 'kafka', not {self.source!r}")
+        if self.rules_format not in RULES_FORMATS:
+            raise ValueError(f"rules_format must be one of {', '.join(RULES_FORMATS)}, not {self.rules_format!r}")
         if self.max_records_per_trigger < 1:
             raise ValueError(f"max_records_per_trigger must be positive, not {self.max_records_per_trigger}")
         for name in ("compact_min_files", "retention_hours", "log_retention_days", "bronze_retention_days"):
@@ -202,11 +210,12 @@ def flag(value: object) -> bool:
 
 
 def parse_options(pairs: Iterable[str] | str | None) -> dict[str, str]:
-    """`KEY=VALUE` strings (e.g. from `--kafka-option`) as a dict; raises ValueError on a pair without `=`."""
+    """`KEY=VALUE` strings (e.g. from `--kafka-option`, `--rules-column`) as a dict; raises ValueError on a pair
+    without `=`."""
     options = {}
     for pair in [pairs] if isinstance(pairs, str) else pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"Kafka option {pair!r} is not KEY=VALUE")
+            raise ValueError(f"{pair!r} is not KEY=VALUE")
         options[key.strip()] = value
     return options

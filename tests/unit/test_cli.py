@@ -58,6 +58,8 @@ def test_commands_on_the_local_tables_default_to_data(argv):
         ["run", "--trigger-seconds", "0"],
         ["run", "--seconds", "-3"],
         ["run", "--kafka-option", "no-equals-sign"],
+        ["run", "--rules-format", "avro"],
+        ["run", "--rules-column", "limit"],
         ["run", "--max-records-per-trigger", "0"],
         ["backtest", "--rules", "r", "--out", "o", "--max-offsets-per-trigger", "-2"],
         ["backtest", "--rules", "r", "--out", "o", "--lateness-ms", "-1"],
@@ -152,6 +154,8 @@ def test_unusable_arguments_of_the_other_commands(tmp_path, capsys):
     one_line_error(code, err, "no such folder")
     code, _, err = run_main(capsys, "status", "--facts", "nope.json")
     one_line_error(code, err, "--facts nope.json: no such file")
+    code, _, err = run_main(capsys, "run", "--rules-format", "debezium", "--rules-column", "lmit=x", "--data-dir", data)
+    one_line_error(code, err, "rules_columns: lmit not a rule field (fields: ruleId, ruleState")
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,7 @@ class LocalKafka:
         server = self.work_dir / "server.properties"
         server.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         for name, target in (("log4j2.properties", "File"), ("tools-log4j2.properties", "Console")):
-            (self.work_dir / name).write_text(_log4j2_config(target, self.log_file))
+            (self.work_dir / name).write_text(log4j2_config(target, self.log_file))
         return server
 
     # -- processes --------------------------------------------------------------------------------
@@ -327,7 +327,7 @@ class LocalKafka:
         self.stop()
 
 
-def _log4j2_config(target: str, log_file: Path) -> str:
+def log4j2_config(target: str, log_file: Path) -> str:
     """log4j2 properties: INFO to a file for the broker, WARN to stderr for the CLI tools."""
     if target == "File":
         appender = (f"appender.out.type = File\nappender.out.fileName = {log_file}\n", "INFO")

@@ -29,11 +29,12 @@ from fraudrules.rules.codec import from_row, incarnation_sig, to_row
 from fraudrules.rules.model import EVALUATED, Rule, RuleError, resolve, validate
 
 
-def _history_rows(spark: SparkSession, cfg: JobConfig) -> list[dict]:
+def history_rows(spark: SparkSession, cfg: JobConfig) -> list[dict]:
+    """Every row of rule_history (no order)."""
     return tables.writer(spark, cfg).arrow("rule_history").to_pylist()
 
 
-def _latest(rows: list[dict]) -> dict[int, dict]:
+def latest(rows: list[dict]) -> dict[int, dict]:
     """The newest version of every rule (control commands are not rules)."""
     out: dict[int, dict] = {}
     for r in rows:
@@ -44,7 +45,7 @@ def _latest(rows: list[dict]) -> dict[int, dict]:
 
 def current(spark: SparkSession, cfg: JobConfig) -> dict[int, dict]:
     """The rules in force (any state), by ruleId, from the history."""
-    return _latest(_history_rows(spark, cfg))
+    return latest(history_rows(spark, cfg))
 
 
 def history(spark: SparkSession, cfg: JobConfig, rule_id: int) -> list[dict]:
@@ -127,11 +128,11 @@ def apply(
     schema = event_schema.for_job(cfg)
     # a RuleError here stops the whole change set
     resolved = [validate(r, schema) if r.evaluated else resolve(r, schema) for r in changes]
-    past = _history_rows(spark, cfg)
+    past = history_rows(spark, cfg)
     if change_id and any(r["changeId"] == change_id for r in past):
         return []
     epoch = max((r["epoch"] or 0 for r in past), default=0)
-    p = plan(_latest(past), epoch, resolved, datetime.now(timezone.utc), author, change_id, label, schema)
+    p = plan(latest(past), epoch, resolved, datetime.now(timezone.utc), author, change_id, label, schema)
     if p.log:
         writer = tables.writer(spark, cfg)
         writer.append("rule_history", p.log)

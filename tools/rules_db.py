@@ -1,0 +1,158 @@
+"""`make rules-db`: rules edited with SQL in PostgreSQL reach the running job through Debezium and Kafka.
+
+PostgreSQL (tools/support/rules_db.py), a local broker, Debezium's PostgreSQL connector and the job (transactions
+from its demo generator, rule changes from the connector's topic, `rules_format="debezium"`) are started; a rule is
+inserted, its limit updated, then it is disabled and deleted, each with SQL. Prints per rule version its alerts and
+the delays from the SQL commit to its change event on the topic, to the job's rule_history (applied) and to the first
+event evaluated under it (rule_applied). Ctrl-C stops everything it started.
+
+    python -m tools.rules_db run --work-dir DIR [--rate N] [--step-seconds S]
+    python -m tools.rules_db jars       # resolve Debezium's jars once (`make debezium-jars`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from fraudrules import tables
+from fraudrules.config import JobConfig
+from fraudrules.generator import RateWriter, Workload
+from tools.support.kafka_broker import TopicTail, create_topics, start_local_broker
+from tools.support.rules_db import (
+    INSERT_RULE,
+    RULES_COLUMNS,
+    RULES_TABLE,
+    LocalDebezium,
+    LocalPostgres,
+    resolve_debezium_jars,
+)
+
+RULE_ID = 42
+STEPS = [
+    (
+        "INSERT rule 42: SUM(paymentAmount) by payee over 1 min > 300",
+        INSERT_RULE,
+        (RULE_ID, ["payeeId"], "paymentAmount", "SUM", "GREATER", 300, 1, "rules-db demo"),
+    ),
+    ("UPDATE its limit to 600", f"UPDATE fraud_rules SET limit_amount = 600 WHERE id = {RULE_ID}", None),
+    ("UPDATE disabled = true", f"UPDATE fraud_rules SET disabled = true WHERE id = {RULE_ID}", None),
+    ("DELETE it", f"DELETE FROM fraud_rules WHERE id = {RULE_ID}", None),
+]
+
+
+def _rows(spark, cfg: JobConfig, table: str) -> list[dict]:
+    """The demo rule's rows of a table (read without Spark), by version."""
+    rows = (r for r in tables.writer(spark, cfg).arrow(table).to_pylist() if r["ruleId"] == RULE_ID)
+    return sorted(rows, key=lambda r: r["version"])
+
+
+def _wait_for_version(spark, cfg: JobConfig, version: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while version not in {r["version"] for r in _rows(spark, cfg, "rule_history")} and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _report(spark, cfg: JobConfig, committed: dict[int, float], published: list[float]) -> None:
+    """Per version of the rule: state, limit, alerts, and the delays from its commit to its change event on the topic
+    (`published`: when each event reached a reader), to rule_history and to the first event evaluated under it."""
+    alerts = tables.read(spark, cfg, "alerts").where(f"ruleId = {RULE_ID}").groupBy("ruleVersion").count()
+    counts = {r.ruleVersion: r["count"] for r in alerts.collect()}
+    applied = {r["version"]: r for r in _rows(spark, cfg, "rule_applied")}
+
+    def since_commit(version: int, at: float | None) -> str:
+        return f"{at - committed[version]:.2f} s" if at and version in committed else "-"
+
+    print(f"\n{'version':>7} {'state':<7} {'limit':>7} {'alerts':>7}   delay from the SQL commit to:")
+    print(f"{'':>31} {'the topic':>10} {'rule_history':>13} {'first evaluated':>16}")
+    for r in _rows(spark, cfg, "rule_history"):
+        v = r["version"]
+        first = applied.get(v, {}).get("firstEvaluatedAt")
+        on_topic = published[v - 1] if v <= len(published) else None
+        limit = json.loads(r["ruleJson"]).get("limit", "")
+        print(
+            f"{v:>7} {r['ruleState']:<7} {limit:>7} {counts.get(v, 0):>7} {since_commit(v, on_topic):>10} "
+            f"{since_commit(v, r['updatedAt'].timestamp()):>13} {since_commit(v, first and first.timestamp()):>16}"
+        )
+
+
+def _change_rules(spark, cfg: JobConfig, pg: LocalPostgres, step_seconds: float) -> dict[int, float]:
+    """The SQL steps, `step_seconds` apart (each once the job applied the one before); when each commit returned."""
+    committed: dict[int, float] = {}
+    time.sleep(step_seconds)
+    for version, (what, sql, params) in enumerate(STEPS, start=1):
+        print(f"--> {what}", flush=True)
+        pg.execute(sql, params)
+        committed[version] = time.time()
+        _wait_for_version(spark, cfg, version, timeout_s=60)
+        time.sleep(max(0.0, committed[version] + step_seconds - time.time()))
+    return committed
+
+
+def run(work_dir: Path, rate: float, step_seconds: float) -> int:
+    from fraudrules.engine import job
+    from fraudrules.session import get_spark
+
+    shutil.rmtree(work_dir, ignore_errors=True)
+    try:
+        with ExitStack() as services:  # each stopped, in reverse order, however the demo ends
+            kafka = start_local_broker(str(work_dir / "kafka"))
+            services.callback(kafka.stop)
+            pg = services.enter_context(LocalPostgres(work_dir / "postgres"))
+            pg.execute(RULES_TABLE)
+            debezium = LocalDebezium(resolve_debezium_jars(), work_dir / "debezium", pg, kafka.bootstrap, schemas=False)
+            create_topics(kafka.bootstrap, [debezium.topic])
+            services.enter_context(debezium)
+            published: list[float] = []  # when each change event (tombstones aside) reached a reader of the topic
+            tail = TopicTail(kafka.bootstrap, debezium.topic, lambda m, ms: m.value() and published.append(ms / 1000))
+            tail.start()
+            services.callback(tail.stop)
+            print(f"PostgreSQL on 127.0.0.1:{pg.port}, Debezium → {debezium.topic} on {kafka.bootstrap}", flush=True)
+            cfg = JobConfig(
+                data_dir=str(work_dir / "data"),
+                kafka_bootstrap=kafka.bootstrap,
+                kafka_rules_topic=debezium.topic,
+                rules_format="debezium",
+                rules_columns=RULES_COLUMNS,
+            )
+            spark = get_spark("fraudrules-rules-db")
+            services.callback(spark.stop)
+            with ExitStack() as running:  # the job and its transactions, stopped (results committed) before the report
+                quiet = job.start(
+                    spark, cfg, printer=lambda line: line.startswith("[rules]") and print(line, flush=True)
+                )
+                running.callback(quiet.stop)
+                events = Workload(count=10**9, payees=20, seed=5).transactions()
+                writer = RateWriter(cfg.landing, events, rate, realtime=True)
+                writer.start()
+                running.callback(writer.stop)
+                committed = _change_rules(spark, cfg, pg, step_seconds)
+            _report(spark, cfg, committed, published)
+    except KeyboardInterrupt:
+        print("interrupted: everything it started is stopped", flush=True)
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.rules_db", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    demo = sub.add_parser("run", help="the demo (its work dir is wiped first)")
+    demo.add_argument("--work-dir", type=Path, default=Path("data/rules-db"))
+    demo.add_argument("--rate", type=float, default=100.0, help="generated transactions per second")
+    demo.add_argument("--step-seconds", type=float, default=12.0, help="time between the SQL changes")
+    sub.add_parser("jars", help="resolve Debezium's jars (once) and print where they are")
+    args = p.parse_args(argv)
+    if args.cmd == "jars":
+        print("Debezium jars in", resolve_debezium_jars())
+        return 0
+    return run(args.work_dir, args.rate, args.step_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
