@@ -310,13 +310,7 @@ class LocalKafka:
         atexit.unregister(self.stop)
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, timeout_s)
 
     def __enter__(self) -> LocalKafka:
         return self.start()
@@ -325,6 +319,18 @@ class LocalKafka:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL what has not exited within `timeout_s` (a JVM's shutdown hooks get their chance)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def log4j2_config(target: str, log_file: Path) -> str:

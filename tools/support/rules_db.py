@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from tools.support.kafka_broker import REPO_ROOT, free_port, log4j2_config, resolve_jars
+from tools.support.kafka_broker import REPO_ROOT, free_port, log4j2_config, resolve_jars, stop_process
 
 DEBEZIUM_POM = REPO_ROOT / "jvm" / "debezium" / "pom.xml"
 DEBEZIUM_JARS = Path(os.environ.get("FRAUDRULES_DEBEZIUM_JARS") or REPO_ROOT / ".jars" / "debezium")
@@ -335,14 +335,8 @@ class LocalDebezium:
         """SIGTERM (the worker stops its connector and flushes its offsets), SIGKILL after timeout_s."""
         proc, self._proc = self._proc, None
         atexit.unregister(self.stop)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop_process(proc, timeout_s)
 
     def __enter__(self) -> LocalDebezium:
         return self.start()

@@ -30,25 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fraudrules.event_schema import EventSchema
-from fraudrules.rules.model import Rule, RuleError, parse_rule
+from fraudrules.rules.model import LOGIN_FIELDS, WINDOW_FIELDS, Rule, RuleError, parse_rule
 
 # The rule's fields a column may hold (model.py), and `disabled`: true pauses the rule.
-RULE_FIELDS = (
-    "ruleId",
-    "ruleState",
-    "ruleType",
-    "groupingKeyNames",
-    "aggregateFieldName",
-    "aggregatorFunctionType",
-    "limitOperatorType",
-    "limit",
-    "windowMinutes",
-    "filter",
-    "unique",
-    "shadowOf",
-    "minFailures",
-    "minDistinctIps",
-)
+RULE_FIELDS = (*WINDOW_FIELDS, *LOGIN_FIELDS)
 DISABLED = "disabled"
 FIELDS = (*RULE_FIELDS, DISABLED)
 JSON_FIELDS = frozenset({"groupingKeyNames", "filter", "unique"})  # may be json/jsonb columns (JSON text)

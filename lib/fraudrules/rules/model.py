@@ -26,6 +26,22 @@ LOGIN_RULE = "LOGIN_ANOMALY"
 COUNT_FIELD = "COUNT_FLINK"
 RESET_FIELD = "COUNT_WITH_RESET_FLINK"
 COUNT_FIELDS = frozenset({COUNT_FIELD, RESET_FIELD})
+# The fields of a window rule's JSON, and the login detector's own (a rule's other keys are kept as `extra`).
+WINDOW_FIELDS = (
+    "ruleId",
+    "ruleState",
+    "ruleType",
+    "groupingKeyNames",
+    "aggregateFieldName",
+    "aggregatorFunctionType",
+    "limitOperatorType",
+    "limit",
+    "windowMinutes",
+    "filter",
+    "unique",
+    "shadowOf",
+)
+LOGIN_FIELDS = ("minFailures", "minDistinctIps")
 
 STATES = ("ACTIVE", "SHADOW", "PAUSE", "DELETE", "CONTROL")
 # States whose rules are keyed and evaluated: a SHADOW rule exactly like an ACTIVE one, its hits go to
@@ -438,21 +454,7 @@ def _parse(obj: Any, names: _Names) -> Rule:
     conditions = _filter(obj.get("filter"), names)
     if problems:
         raise RuleError(rule_id, problems)
-    known = {
-        "ruleId",
-        "ruleState",
-        "ruleType",
-        "groupingKeyNames",
-        "aggregateFieldName",
-        "aggregatorFunctionType",
-        "limitOperatorType",
-        "limit",
-        "windowMinutes",
-        "controlType",
-        "filter",
-        "unique",
-        "shadowOf",
-    }
+    known = {*WINDOW_FIELDS, "controlType"}
     return Rule(
         rule_id=rule_id,
         state=str(state),
