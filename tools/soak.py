@@ -2,7 +2,8 @@
 --no-generator` on Kafka, alerts published to a topic), fed at a steady rate for M minutes with its table maintenance
 on (the writers' compaction, and `fraudrules maintain` every `--maintain-every` minutes while it writes, as the
 `fraud_maintenance` DAG would). Every `--every` minutes a line: send → alert p50/p99 of the alerts whose transactions
-were sent in those minutes, the job's process-tree memory (PSS), the alerts and transactions tables' live data files,
+were sent in those minutes, the job's process-tree memory (PSS: the mean of a sample every 5 s, its JVM and its Python
+processes apart, and the largest sample), the alerts and transactions tables' live data files,
 bytes and Parquet files on disk, the checkpoint folder's size, and the time of a full read of `alerts` (every row,
 through delta-rs). At the end: the time of the data-quality run, `fraudrules maintain` on the data dir, and the check
 that the alerts received equal the alerts table and a backtest of the same input (the transactions read back from
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -24,9 +26,55 @@ import numpy as np
 
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.generator import KafkaRateWriter
-from tools import bench
+from tools import bench, cpu_profile
 
 MIB = 2**20
+MEMORY_SAMPLE_S = 5.0
+
+
+class MemorySamples(threading.Thread):
+    """The job's process-tree PSS every MEMORY_SAMPLE_S seconds, split into its JVM and its Python processes (the
+    driver and Spark's Python workers): an interval's mean says where memory stands, one sample only where the JVM's
+    collector happened to be."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.samples, self._halt = pid, [], threading.Event()  # (time, JVM PSS, Python PSS)
+
+    def run(self) -> None:
+        while not self._halt.wait(MEMORY_SAMPLE_S):
+            jvm = python = 0
+            for pid in cpu_profile.process_tree(self.pid):
+                pss = _pss(pid)
+                if _command(pid) == "java":
+                    jvm += pss
+                else:
+                    python += pss
+            self.samples.append((time.time(), jvm, python))
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def between(self, lo: float, hi: float) -> np.ndarray:
+        """The samples taken in [lo, hi): rows of (JVM, Python) bytes."""
+        rows = [(j, p) for t, j, p in list(self.samples) if lo <= t < hi]
+        return np.array(rows, dtype=np.float64).reshape(-1, 2)
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            return next((int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:")), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -36,7 +84,7 @@ class Interval:
     start_min: float
     end_min: float
     latencies: np.ndarray
-    pss: int
+    memory: np.ndarray  # rows of (JVM PSS, Python PSS), bytes, one per sample
     tables: dict[str, tuple[int, int, int]]  # table -> live files, bytes, Parquet files on disk
     checkpoints: int
     read_s: float
@@ -50,9 +98,16 @@ class Interval:
         )
         return (
             f"  min {self.start_min:3.0f}-{self.end_min:<3.0f} {len(self.latencies):>8,} alerts: send → alert {lat}; "
-            f"job PSS {self.pss / MIB:,.0f} MiB; {shapes}; checkpoints {self.checkpoints / MIB:,.1f} MiB; "
+            f"job {self.memory_text()}; {shapes}; checkpoints {self.checkpoints / MIB:,.1f} MiB; "
             f"full read of alerts {self.read_s:.2f} s ({self.read_rows:,} rows)"
         )
+
+    def memory_text(self) -> str:
+        if not len(self.memory):
+            return "PSS not sampled"
+        jvm, python = self.memory.mean(axis=0) / MIB
+        peak = self.memory.sum(axis=1).max() / MIB
+        return f"PSS mean {jvm + python:,.0f} MiB (JVM {jvm:,.0f}, Python {python:,.0f}), max {peak:,.0f} MiB"
 
 
 def folder_bytes(path: str) -> int:
@@ -111,6 +166,8 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
     child = bench._spawn_job(bench.kafka_command(broker.bootstrap, data_dir, topics, "local", rules), log_path, "local")
     tail = TopicTail(broker.bootstrap, topics["alerts"], on_alert)
     tail.start()
+    memory = MemorySamples(child.pid)
+    memory.start()
     writer = None
     checkpoint = cfg.checkpoint(EVALUATE_QUERY)
     print(
@@ -133,7 +190,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
                     print("\n".join(f"    {line}" for line in maintain(data_dir)), flush=True)
                     next_maintain += maintain_every_min * 60
             lo, hi = started + (k - 1) * every_min * 60, end
-            print(interval(data_dir, checkpoint, child.pid, received, lo, hi, started).line(), flush=True)
+            print(interval(data_dir, checkpoint, memory.between(lo, hi), received, lo, hi, started).line(), flush=True)
         writer.stop()
         writer.join()
         sent = sum(end_offsets(broker.bootstrap, topics["transactions"]).values())
@@ -154,6 +211,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
             writer.stop()
             writer.join()
         tail.stop()
+        memory.stop()
         bench._stop_job(child)
     try:
         return finish(root, data_dir, broker.bootstrap, topics["transactions"], rules, received, copies[0], dq_min)
@@ -164,7 +222,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
 def interval(
     data_dir: str,
     checkpoint: str,
-    pid: int,
+    memory: np.ndarray,
     received: dict[str, tuple[int, int]],
     lo: float,
     hi: float,
@@ -178,7 +236,7 @@ def interval(
         (lo - started) / 60,
         (hi - started) / 60,
         (stamps[chosen, 1] - stamps[chosen, 0]).astype(np.float64),
-        bench._tree_memory(pid)[1],
+        memory,
         {name: table_shape(os.path.join(tables_dir, name)) for name in ("alerts", "transactions")},
         folder_bytes(os.path.dirname(checkpoint)),
         read_s,

@@ -507,7 +507,9 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from fraudrules.session import on_databricks
 
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
-    spark = spark_session("fraudrules-quality", short_lived=True, cfg=cfg)
+    from fraudrules.local_runtime import QUALITY_HEAP
+
+    spark = spark_session("fraudrules-quality", short_lived=True, cfg=cfg, heap=QUALITY_HEAP)
     try:
         report = quality.run(spark, cfg, dq_dir, max_age_minutes=args.max_age_minutes)
     finally:

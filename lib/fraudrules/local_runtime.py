@@ -50,6 +50,9 @@ BACKGROUND_NICE = (
 # using ~200 MB of it). Long-lived sessions keep G1 and a bigger heap, for the job's allocation rate.
 SHORT_LIVED_HEAP = "768m"
 SHORT_LIVED_GC = ("-XX:+UseSerialGC",)
+# The data-quality run ships a detector's retained state into the JVM to check it (after an hour at 1,000 tx/s, ~7M
+# events): in 768 MB the serial collector spent most of a 15-minute run collecting (the 90-minute soak).
+QUALITY_HEAP = "2g"
 # glibc's malloc serves a request of this size or more with its own mapping, returned to the system when freed.
 # Left unset, glibc raises that threshold to the size of each freed mapping (up to 32 MiB), and from then on the
 # JVM's native buffers and the Python workers' arrays are carved from heaps it never gives back. A 1M-record
@@ -59,11 +62,11 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 _launched: list[str] = []  # the heap of the JVM this process launched
 
 
-def driver_memory(short_lived: bool = False) -> str:
-    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, default 768m for a short-lived session (a command or a
-    notebook), 3g for the continuous job (the heap grows to its maximum under the job's allocation rate and stays
-    there, so that is what `make bench` needs, not more: docs/performance.md)."""
-    return os.environ.get(DRIVER_MEMORY_ENV) or (SHORT_LIVED_HEAP if short_lived else "3g")
+def driver_memory(short_lived: bool = False, default: str | None = None) -> str:
+    """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, else the session's `default`, else 768m for a short-lived
+    session (a command or a notebook), 3g for the continuous job (the heap grows to its maximum under the job's
+    allocation rate and stays there, so that is what `make bench` needs, not more: docs/performance.md)."""
+    return os.environ.get(DRIVER_MEMORY_ENV) or default or (SHORT_LIVED_HEAP if short_lived else "3g")
 
 
 def launched(heap: str) -> None:

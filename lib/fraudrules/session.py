@@ -56,11 +56,13 @@ def get_spark(
     short_lived: bool = False,
     cfg: JobConfig | None = None,
     tiered_jit: bool = False,
+    heap: str | None = None,
 ) -> SparkSession:
     """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
     that ends within minutes (local JVM tuned to start fast, `local_runtime`), not the continuous job; `tiered_jit`:
-    one that still runs long enough for the JIT's optimising compiler to pay off. `cfg`: the job's configuration (its
-    shuffle partitions; a local catalog for its catalog tables)."""
+    one that still runs long enough for the JIT's optimising compiler to pay off; `heap`: a local JVM's heap when it
+    is launched, where the kind's default is not enough (`local_runtime.driver_memory`). `cfg`: the job's
+    configuration (its shuffle partitions; a local catalog for its catalog tables)."""
     catalog = cfg.local_catalog if cfg else None
     shuffle_partitions = cfg.shuffle_partitions if cfg else shuffle_partitions
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
@@ -78,7 +80,7 @@ def get_spark(
             .config("spark.jars", ",".join(local_jars()))
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            .config("spark.driver.memory", local_runtime.driver_memory(short_lived))
+            .config("spark.driver.memory", local_runtime.driver_memory(short_lived, heap))
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -103,7 +105,7 @@ def get_spark(
         if new_jvm:  # a class path and a heap are the JVM's from its launch: only for a new one
             for key, value in local_runtime.local_fs_options(master).items():
                 builder = builder.config(key, value)
-            local_runtime.launched(local_runtime.driver_memory(short_lived))
+            local_runtime.launched(local_runtime.driver_memory(short_lived, heap))
             local_runtime.malloc_env()
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()

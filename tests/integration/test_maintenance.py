@@ -59,6 +59,27 @@ def test_writers_compact_the_tables_they_append_to(spark, made):  # noqa: F811
     assert "OPTIMIZE" in operations
 
 
+def test_writers_leave_files_of_their_target_size_alone(spark, made, monkeypatch):  # noqa: F811
+    """A file of the writers' target size is not rewritten by their compactions, which merge only the small files
+    (before, each compaction rewrote the growing file with the new small ones: 20 times a bronze table's bytes)."""
+    writer, cfg = made
+    cfg = cfg.with_(compact_min_files=3)
+    tables.ensure(spark, cfg, "alerts")
+    type(writer)(spark, cfg.with_(compact_min_files=0)).append("alerts", alert_rows(-1, per_batch=3000))
+    big = set(tables.delta(spark, cfg, "alerts").toDF().inputFiles())
+    size = os.path.getsize(next(iter(big)).removeprefix("file:"))
+    monkeypatch.setattr(tables, "WRITER_TARGET_BYTES", size)
+    monkeypatch.setattr(tables, "SMALL_FILE_BYTES", size)  # the 3-row files are well under it
+    writer = type(writer)(spark, cfg)  # Spark's writer sets its session's auto compaction from the two
+    for batch in range(7):
+        writer.append("alerts", alert_rows(batch), tables.Txn("evaluate:q", batch))
+    assert big <= set(tables.delta(spark, cfg, "alerts").toDF().inputFiles())
+    assert live_files(spark, cfg) <= 1 + 3
+    operations = [r.operation for r in tables.delta(spark, cfg, "alerts").history().collect()]
+    assert "OPTIMIZE" in operations
+    assert len(alert_ids(writer)) == 3000 + 7 * 3
+
+
 def test_a_writer_without_compaction_keeps_every_file(spark, made):  # noqa: F811
     """`compact_min_files` = 0 turns the writers' compaction off (the test above can fail)."""
     writer, cfg = made

@@ -36,13 +36,15 @@ def test_a_short_lived_session_that_runs_long_keeps_the_tiered_jit_and_the_small
 @pytest.mark.parametrize("short_lived", [False, True])
 def test_short_lived_sessions_keep_a_small_heap_committed_as_used(short_lived, monkeypatch):
     """A command's heap holds one bounded micro-batch: 768m with the serial collector (G1 grew it to its maximum);
-    the continuous job keeps G1 and 3g. FRAUDRULES_DRIVER_MEMORY overrides both."""
+    the continuous job keeps G1 and 3g; a session may ask for more (the data-quality run). FRAUDRULES_DRIVER_MEMORY
+    overrides them all."""
     monkeypatch.delenv(local_runtime.DRIVER_MEMORY_ENV, raising=False)
     flags = final_flags(local_runtime.jvm_options(short_lived))
     assert (flags["UseSerialGC"], flags["UseG1GC"]) == (("true", "false") if short_lived else ("false", "true"))
     assert local_runtime.driver_memory(short_lived) == ("768m" if short_lived else "3g")
-    monkeypatch.setenv(local_runtime.DRIVER_MEMORY_ENV, "2g")
-    assert local_runtime.driver_memory(short_lived) == "2g"
+    assert local_runtime.driver_memory(short_lived, local_runtime.QUALITY_HEAP) == "2g"  # a session that needs more
+    monkeypatch.setenv(local_runtime.DRIVER_MEMORY_ENV, "1g")
+    assert local_runtime.driver_memory(short_lived) == local_runtime.driver_memory(short_lived, "2g") == "1g"
 
 
 def test_only_the_lowest_java_priority_is_niced():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -21,9 +24,26 @@ def test_table_shape_counts_live_files_apart_from_files_on_disk(tmp_path):
 
 
 def test_an_interval_line_says_every_figure():
+    memory = np.array([[2 * 2**30, 2**30], [3 * 2**30, 2**30]], dtype=np.float64)  # (JVM, Python) per sample
     line = soak.Interval(
-        5, 10, np.array([100.0, 200.0, 900.0]), 3 * 2**30, {"alerts": (3, 2**20, 9)}, 5 * 2**20, 0.25, 1_234
+        5, 10, np.array([100.0, 200.0, 900.0]), memory, {"alerts": (3, 2**20, 9)}, 5 * 2**20, 0.25, 1_234
     ).line()
     assert line.startswith("  min   5-10         3 alerts: send → alert p50 200 ms")
-    assert "job PSS 3,072 MiB; alerts 3 files (9 on disk) 1.0 MiB; checkpoints 5.0 MiB" in line
+    assert "job PSS mean 3,584 MiB (JVM 2,560, Python 1,024), max 4,096 MiB; alerts 3 files (9 on disk)" in line
+    assert "1.0 MiB; checkpoints 5.0 MiB" in line
     assert line.endswith("full read of alerts 0.25 s (1,234 rows)")
+
+
+def test_memory_samples_split_the_jvm_from_python(monkeypatch):
+    """The sampler files this (Python) process tree under Python, nothing under JVM, and keeps an interval's samples."""
+    monkeypatch.setattr(soak, "MEMORY_SAMPLE_S", 0.02)
+    samples = soak.MemorySamples(os.getpid())
+    started = time.time()
+    samples.start()
+    while len(samples.samples) < 3:
+        time.sleep(0.02)
+    samples.stop()
+    taken = samples.between(started, time.time() + 1)
+    assert taken.shape[1] == 2 and len(taken) >= 3
+    assert (taken[:, 0] == 0).all() and (taken[:, 1] > 0).all()
+    assert len(samples.between(0, started)) == 0

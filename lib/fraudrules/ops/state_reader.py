@@ -134,8 +134,12 @@ def entries(
     # and an IN list is sent over py4j and planned one literal at a time.
     ids = spark.createDataFrame(pa.table({"transactionId": np.unique(ev["tx"].to_numpy(np.int64))}))
     wanted = tables.read(spark, cfg, "transactions").join(ids, "transactionId", "left_semi")
-    # the transactions as the engine read them (its own columns), so that keys read as the engine writes them
-    frame = numeric(wanted.withColumn("srcTime", F.lit(0)), schema).toPandas().drop_duplicates("transactionId")
+    # the transactions as the engine read them (its own columns), so that keys read as the engine writes them; only
+    # the id and the rules' grouping fields (Parquet reads no other column: an hour of bronze is gigabytes)
+    used = {n for r in ev["rule"].unique() for n in rules.rule(int(r)).grouping_key_names}
+    columns = [f.column if (f := schema.field(n)) else n for n in ("transactionId", *sorted(used))]
+    typed = numeric(wanted.withColumn("srcTime", F.lit(0)), schema).select(*columns)
+    frame = typed.toPandas().drop_duplicates("transactionId")
     tx = keying.Transactions(frame.reset_index(drop=True), schema)  # in the frame's order
     rows = pd.Index(tx.column("transactionId")).get_indexer(ev["tx"].to_numpy(np.int64))  # -1: not in bronze
     keys = np.full(len(ev), None, dtype=object)
