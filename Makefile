@@ -20,10 +20,11 @@ setup: $(VENV)/.installed $(VENV)/.pyspark_path $(JARS)/spark/.resolved $(JARS)/
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time);
 # setuptools' notice that a folder named like the package could shadow it is silenced (lib/ is the only such folder).
 # Its dependencies and its extras' (local, quality, analyst) are pinned in the requirements files.
-$(VENV)/.installed: requirements.txt requirements-quality.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-quality.txt requirements-nodeps.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt -r requirements-quality.txt
+	$(BIN)/pip install -q --no-deps -r requirements-nodeps.txt
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

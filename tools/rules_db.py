@@ -1,12 +1,15 @@
-"""`make rules-db`: rules edited with SQL in PostgreSQL reach the running job through Debezium and Kafka.
+"""`make rules-db`: rules edited with SQL in PostgreSQL reach the running job through Debezium and Kafka; with
+`--from delta`, rules edited with SQL in a Delta table reach it through the table's change feed.
 
 PostgreSQL (tools/support/rules_db.py), a local broker, Debezium's PostgreSQL connector and the job (transactions
 from its demo generator, rule changes from the connector's topic, `rules_format="debezium"`) are started; a rule is
 inserted, its limit updated, then it is disabled and deleted, each with SQL. Prints per rule version its alerts and
 the delays from the SQL commit to its change event on the topic, to the job's rule_history (applied) and to the first
-event evaluated under it (rule_applied). Ctrl-C stops everything it started.
+event evaluated under it (rule_applied). With `--from delta` the same four changes are Spark SQL statements on a
+rules table (`rules init-table`'s columns) that the job reads with `rules_table`. Ctrl-C stops everything it
+started.
 
-    python -m tools.rules_db run --work-dir DIR [--rate N] [--step-seconds S]
+    python -m tools.rules_db run --work-dir DIR [--from postgres|delta] [--rate N] [--step-seconds S]
     python -m tools.rules_db jars       # resolve Debezium's jars once (`make debezium-jars`)
 """
 
@@ -17,6 +20,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -81,57 +85,59 @@ def _report(spark, cfg: JobConfig, committed: dict[int, float], published: list[
         )
 
 
-def _change_rules(spark, cfg: JobConfig, pg: LocalPostgres, step_seconds: float) -> dict[int, float]:
+def delta_steps(table: str) -> list[tuple[str, str, None]]:
+    """STEPS as Spark SQL on a rules table made by `rules init-table` (a path)."""
+    name = f"delta.`{table}`"
+    return [
+        (
+            STEPS[0][0],
+            f"INSERT INTO {name} (ruleId, groupingKeyNames, aggregateFieldName, aggregatorFunctionType, "
+            f"limitOperatorType, `limit`, windowMinutes, description) VALUES ({RULE_ID}, array('payeeId'), "
+            "'paymentAmount', 'SUM', 'GREATER', 300, 1, 'rules-db demo')",
+            None,
+        ),
+        (STEPS[1][0], f"UPDATE {name} SET `limit` = 600 WHERE ruleId = {RULE_ID}", None),
+        (STEPS[2][0], f"UPDATE {name} SET disabled = true WHERE ruleId = {RULE_ID}", None),
+        (STEPS[3][0], f"DELETE FROM {name} WHERE ruleId = {RULE_ID}", None),
+    ]
+
+
+def _change_rules(
+    spark, cfg: JobConfig, execute: Callable[[str, object], object], steps: list, step_seconds: float
+) -> dict[int, float]:
     """The SQL steps, `step_seconds` apart (each once the job applied the one before); when each commit returned."""
     committed: dict[int, float] = {}
     time.sleep(step_seconds)
-    for version, (what, sql, params) in enumerate(STEPS, start=1):
+    for version, (what, sql, params) in enumerate(steps, start=1):
         print(f"--> {what}", flush=True)
-        pg.execute(sql, params)
+        execute(sql, params)
         committed[version] = time.time()
         _wait_for_version(spark, cfg, version, timeout_s=60)
         time.sleep(max(0.0, committed[version] + step_seconds - time.time()))
     return committed
 
 
-def run(work_dir: Path, rate: float, step_seconds: float) -> int:
-    from fraudrules.engine import job
+def run(work_dir: Path, rate: float, step_seconds: float, source: str = "postgres") -> int:
     from fraudrules.session import get_spark
 
     shutil.rmtree(work_dir, ignore_errors=True)
     try:
         with ExitStack() as services:  # each stopped, in reverse order, however the demo ends
-            kafka = start_local_broker(str(work_dir / "kafka"))
-            services.callback(kafka.stop)
-            pg = services.enter_context(LocalPostgres(work_dir / "postgres"))
-            pg.execute(RULES_TABLE)
-            debezium = LocalDebezium(resolve_debezium_jars(), work_dir / "debezium", pg, kafka.bootstrap, schemas=False)
-            create_topics(kafka.bootstrap, [debezium.topic])
-            services.enter_context(debezium)
             published: list[float] = []  # when each change event (tombstones aside) reached a reader of the topic
-            tail = TopicTail(kafka.bootstrap, debezium.topic, lambda m, ms: m.value() and published.append(ms / 1000))
-            tail.start()
-            services.callback(tail.stop)
-            print(f"PostgreSQL on 127.0.0.1:{pg.port}, Debezium → {debezium.topic} on {kafka.bootstrap}", flush=True)
-            cfg = JobConfig(
-                data_dir=str(work_dir / "data"),
-                kafka_bootstrap=kafka.bootstrap,
-                kafka_rules_topic=debezium.topic,
-                rules_format="debezium",
-                rules_columns=RULES_COLUMNS,
-            )
+            if source == "delta":
+                cfg = JobConfig(data_dir=str(work_dir / "data"), rules_table=str(work_dir / "rules_admin"))
+                print(f"rules table {cfg.rules_table} (change data feed on)", flush=True)
+            else:
+                cfg, execute = _postgres(services, work_dir, published)
             spark = get_spark("fraudrules-rules-db")
             services.callback(spark.stop)
-            with ExitStack() as running:  # the job and its transactions, stopped (results committed) before the report
-                quiet = job.start(
-                    spark, cfg, printer=lambda line: line.startswith("[rules]") and print(line, flush=True)
-                )
-                running.callback(quiet.stop)
-                events = Workload(count=10**9, payees=20, seed=5).transactions()
-                writer = RateWriter(cfg.landing, events, rate, realtime=True)
-                writer.start()
-                running.callback(writer.stop)
-                committed = _change_rules(spark, cfg, pg, step_seconds)
+            steps = STEPS
+            if source == "delta":
+                from fraudrules.rules import table as rules_table
+
+                rules_table.create(spark, str(cfg.rules_table), [])
+                steps, execute = delta_steps(str(cfg.rules_table)), lambda sql, _: spark.sql(sql)
+            committed = _demo(spark, cfg, rate, step_seconds, steps, execute)
             _report(spark, cfg, committed, published)
     except KeyboardInterrupt:
         print("interrupted: everything it started is stopped", flush=True)
@@ -139,11 +145,57 @@ def run(work_dir: Path, rate: float, step_seconds: float) -> int:
     return 0
 
 
+def _postgres(services: ExitStack, work_dir: Path, published: list[float]) -> tuple[JobConfig, Callable]:
+    """PostgreSQL with the rules table, the broker and Debezium started (stopped with `services`); the job's config
+    and what runs a statement."""
+    kafka = start_local_broker(str(work_dir / "kafka"))
+    services.callback(kafka.stop)
+    pg = services.enter_context(LocalPostgres(work_dir / "postgres"))
+    pg.execute(RULES_TABLE)
+    debezium = LocalDebezium(resolve_debezium_jars(), work_dir / "debezium", pg, kafka.bootstrap, schemas=False)
+    create_topics(kafka.bootstrap, [debezium.topic])
+    services.enter_context(debezium)
+    tail = TopicTail(kafka.bootstrap, debezium.topic, lambda m, ms: m.value() and published.append(ms / 1000))
+    tail.start()
+    services.callback(tail.stop)
+    print(f"PostgreSQL on 127.0.0.1:{pg.port}, Debezium → {debezium.topic} on {kafka.bootstrap}", flush=True)
+    cfg = JobConfig(
+        data_dir=str(work_dir / "data"),
+        kafka_bootstrap=kafka.bootstrap,
+        kafka_rules_topic=debezium.topic,
+        rules_format="debezium",
+        rules_columns=RULES_COLUMNS,
+    )
+    return cfg, pg.execute
+
+
+def _demo(spark, cfg: JobConfig, rate: float, step_seconds: float, steps: list, execute) -> dict[int, float]:
+    """The job and its transactions, running while the steps change the rule; stopped (results committed) before
+    the report. When each step's commit returned."""
+    from fraudrules.engine import job
+
+    with ExitStack() as running:
+        quiet = job.start(spark, cfg, printer=lambda line: line.startswith("[rules]") and print(line, flush=True))
+        running.callback(quiet.stop)
+        events = Workload(count=10**9, payees=20, seed=5).transactions()
+        writer = RateWriter(cfg.landing, events, rate, realtime=True)
+        writer.start()
+        running.callback(writer.stop)
+        return _change_rules(spark, cfg, execute, steps, step_seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.rules_db", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     demo = sub.add_parser("run", help="the demo (its work dir is wiped first)")
     demo.add_argument("--work-dir", type=Path, default=Path("data/rules-db"))
+    demo.add_argument(
+        "--from",
+        dest="source",
+        choices=("postgres", "delta"),
+        default="postgres",
+        help="where the rule is edited: PostgreSQL through Debezium, or a Delta table through its change feed",
+    )
     demo.add_argument("--rate", type=float, default=100.0, help="generated transactions per second")
     demo.add_argument("--step-seconds", type=float, default=12.0, help="time between the SQL changes")
     sub.add_parser("jars", help="resolve Debezium's jars (once) and print where they are")
@@ -151,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "jars":
         print("Debezium jars in", resolve_debezium_jars())
         return 0
-    return run(args.work_dir, args.rate, args.step_seconds)
+    return run(args.work_dir, args.rate, args.step_seconds, args.source)
 
 
 if __name__ == "__main__":

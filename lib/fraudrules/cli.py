@@ -29,7 +29,19 @@ if TYPE_CHECKING:
     from fraudrules.rules.model import RuleError
 
 PRODUCTION_RUN = "fraudrules run --no-generator --catalog C --schema S --checkpoint-root DIR [--kafka-bootstrap ...]"
-RULE_ACTIONS = ("put", "shadow", "promote", "compare", "pause", "activate", "delete", "list", "history", "export")
+RULE_ACTIONS = (
+    "put",
+    "shadow",
+    "promote",
+    "compare",
+    "pause",
+    "activate",
+    "delete",
+    "list",
+    "history",
+    "export",
+    "init-table",
+)
 THRESHOLD_HELP = {
     "stale_after_s": "seconds without a committed evaluate batch, while running, before the job counts as stalled",
     "startup_grace_s": "seconds a fresh process gets to commit its first batch",
@@ -405,7 +417,9 @@ def cmd_rules(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"rules compare: {err}") from None
     cfg = job_config(args)
-    if args.action not in ("put", "shadow"):  # only new rules may start a rules table
+    if args.action == "init-table" and not cfg.rules_table:
+        raise UsageError("rules init-table needs --rules-table TABLE (a catalog name, or a path)")
+    if args.action not in ("put", "shadow", "init-table"):  # only new rules may start a rules table
         check(table_problem(cfg, *RULE_TABLES, *(COMPARED_TABLES if args.action == "compare" else ())))
 
     from fraudrules import tables
@@ -462,12 +476,16 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
 
     def changed(row: dict) -> str:
         shadows = json.loads(row["ruleJson"]).get("shadowOf")
-        return f"rule {row['ruleId']} v{row['version']} {row['ruleState']}" + (
-            f" (shadows rule {shadows})" if shadows is not None and row["ruleState"] == "SHADOW" else ""
+        return (
+            f"rule {row['ruleId']} v{row['version']} {row['ruleState']}"
+            + (f" (shadows rule {shadows})" if shadows is not None and row["ruleState"] == "SHADOW" else "")
+            + (f" -> {cfg.rules_table} (the job applies it at its next micro-batch)" if cfg.rules_table else "")
         )
 
+    if action == "init-table":
+        return [_init_table(spark, cfg, schema)]
     if action == "put":
-        return [changed(row) for row in store.apply(spark, cfg, changes, author=author)]
+        return [changed(row) for row in store.submit(spark, cfg, changes, author=author)]
     if action == "shadow":
         return [changed(row) for row in store.shadow(spark, cfg, changes, author=author)]
     if action == "promote":
@@ -475,8 +493,7 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
         return [f"{changed(row)}  [{row['change']}]" for row in rows]
     if action in ("pause", "activate", "delete"):
         state = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}[action]
-        row = store.set_state(spark, cfg, int(target or 0), state, author=author)
-        return [f"rule {row['ruleId']} v{row['version']} {row['ruleState']}"]
+        return [changed(store.set_state(spark, cfg, int(target or 0), state, author=author))]
     if action == "list":
         rows = sorted(store.current(spark, cfg).items())
         return [f"{rid:>6} v{row['version']:<4} {row['ruleState']:<7} {describe(row)}" for rid, row in rows] or [
@@ -488,6 +505,22 @@ def _rules_action(spark, cfg: JobConfig, action: str, changes: list, target: int
             raise RuleError(target, ["no such rule"])
         return history_lines(rows, describe)
     return [f"exported to {store.export_current(spark, cfg)}"]
+
+
+def _init_table(spark, cfg: JobConfig, schema) -> str:
+    """`rules init-table`: the rules table made, with the rules in force (an existing data dir's move to a table)."""
+    from fraudrules.rules import store
+    from fraudrules.rules import table as rules_table
+    from fraudrules.rules.codec import from_row
+
+    rows = store.current(spark, cfg).values()
+    in_force = [from_row(r, schema) for r in rows if r["ruleState"] != "DELETE"]
+    if not rules_table.create(spark, str(cfg.rules_table), in_force):
+        return f"{cfg.rules_table} exists already: nothing done"
+    return (
+        f"created {cfg.rules_table} (change data feed on) with {plural(len(in_force), 'rule')} in force: run the job "
+        f"with --rules-table {cfg.rules_table}, and edit the rules there (docs/rules.md)"
+    )
 
 
 def _compare(spark, cfg: JobConfig, shadow_id: int, period: dict, top: int) -> list[str]:
@@ -704,14 +737,11 @@ def _add_run(sub, parents: list[argparse.ArgumentParser]) -> None:
         help="what a rules message (topic or folder) holds: our rule JSON (default) or a Debezium change event of a "
         "database's rules table (docs/rules.md)",
     )
-    run.add_argument(
-        "--rules-column",
-        dest="rules_columns",
-        action="append",
-        type=key_value,
-        metavar="FIELD=COLUMN",
-        help="with --rules-format debezium: the column holding a rule field, repeatable, e.g. limit=limit_amount "
-        "(a field not named: the column of its own name)",
+    add_rules_table_arguments(
+        run,
+        "rule changes from this Delta table's change feed instead of the rules folder or "
+        "topic: a table admins edit with SQL, one row per rule (catalog.schema.table, or a path; docs/rules.md)",
+        "with --rules-format debezium or --rules-table",
     )
     run.add_argument(
         "--starting-offsets",
@@ -747,6 +777,20 @@ def _add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
     bt.set_defaults(func=cmd_backtest)
 
 
+def add_rules_table_arguments(parser: argparse.ArgumentParser, table_help: str, column_scope: str) -> None:
+    """--rules-table and --rules-column (docs/rules.md)."""
+    parser.add_argument("--rules-table", metavar="TABLE", help=table_help)
+    parser.add_argument(
+        "--rules-column",
+        dest="rules_columns",
+        action="append",
+        type=key_value,
+        metavar="FIELD=COLUMN",
+        help=f"{column_scope}: the column holding a rule field, repeatable, e.g. limit=limit_amount (a field not "
+        "named: the column of its own name)",
+    )
+
+
 def _add_rules(sub, parents: list[argparse.ArgumentParser]) -> None:
     ru = sub.add_parser(
         "rules",
@@ -768,6 +812,12 @@ def _add_rules(sub, parents: list[argparse.ArgumentParser]) -> None:
     ru.add_argument("--until", help="compare: up to this time or age; default: the end of the shadow run, or now")
     ru.add_argument("--top", type=positive_int, default=10, help="compare: keys listed that differ most")
     ru.add_argument("--author", default=os.environ.get("USER", "cli"), help="recorded in rule_history (default $USER)")
+    add_rules_table_arguments(
+        ru,
+        "the job's rules table (as `run --rules-table`): put, shadow, promote, pause, activate and delete write to it "
+        "and the job applies them from its change feed; init-table creates it with the rules in force",
+        "with --rules-table",
+    )
     ru.set_defaults(func=cmd_rules)
 
 

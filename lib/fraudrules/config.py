@@ -5,6 +5,7 @@ Standard library only: the health checks, the tools and the DAG side read these 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import typing
@@ -81,6 +82,9 @@ class JobConfig:
     # `rules_columns` (FIELD -> COLUMN; a field not named is read from the column of its own name).
     rules_format: str = "fraudrules"
     rules_columns: dict[str, str] = field(default_factory=dict)
+    # Rule changes from this Delta table's Change Data Feed instead of the rules folder or topic (a Unity Catalog
+    # name, or a path): one row per rule that admins edit with SQL, columns named as above (rules/cdc.py).
+    rules_table: str | None = None
     # The transaction event schema: a file of Spark SQL DDL (`event_schema`); None: the default schema. Rules may
     # name any field it declares. A restart may add fields (bronze gains their columns), not remove one that an
     # ACTIVE rule uses nor change a field's type.
@@ -99,6 +103,13 @@ class JobConfig:
             raise ValueError(f"source must be 'files' or 'kafka', not {self.source!r}")
         if self.rules_format not in RULES_FORMATS:
             raise ValueError(f"rules_format must be one of {', '.join(RULES_FORMATS)}, not {self.rules_format!r}")
+        if self.rules_table is not None and not self.rules_table.strip():
+            raise ValueError("rules_table must name a Delta table (catalog.schema.table) or a table's path")
+        if self.rules_table and self.rules_format != "fraudrules":
+            raise ValueError(
+                "rules_format is what messages of the rules topic or folder hold; a rules_table's rows come from its"
+                " change feed (its columns are named by rules_columns)"
+            )
         if self.max_records_per_trigger < 1:
             raise ValueError(f"max_records_per_trigger must be positive, not {self.max_records_per_trigger}")
         for name in ("compact_min_files", "retention_hours", "log_retention_days", "bronze_retention_days"):
@@ -137,6 +148,8 @@ class JobConfig:
 
     def checkpoint(self, query: str) -> str:
         root = self.checkpoint_root or os.path.join(self.data_dir, "checkpoints")
+        if query == RULES_QUERY and self.rules_table:  # a table's positions are its versions: a checkpoint of its own
+            query = f"{query}-table-{hashlib.sha256(self.rules_table.encode()).hexdigest()[:12]}"
         return os.path.abspath(os.path.join(root, query))
 
     def query_id(self, query: str) -> str:

@@ -196,6 +196,38 @@ def test_rules_commands_as_written(tmp_path):
 
 
 @pytest.mark.e2e
+def test_rules_through_a_rules_table_as_written(tmp_path):
+    """`rules init-table` moves a data dir's rules into a table that admins edit with SQL; with `--rules-table`,
+    `rules pause` writes that table (the job applies it) instead of the history."""
+    rule = json.loads((FIXTURES / "rules.json").read_text())[0]
+    (tmp_path / "rule.json").write_text(json.dumps(rule))
+    assert fraudrules("rules", "put", "rule.json", cwd=tmp_path).returncode == 0
+    alone = fraudrules("rules", "init-table", cwd=tmp_path)
+    assert (alone.returncode, alone.stderr.splitlines()[-1]) == (
+        2,
+        "fraudrules rules: rules init-table needs --rules-table TABLE (a catalog name, or a path)",
+    )
+    table = str(tmp_path / "rules_admin")
+    made = fraudrules("rules", "init-table", "--rules-table", table, cwd=tmp_path)
+    assert_quiet(made)
+    assert made.stdout == (
+        f"created {table} (change data feed on) with 1 rule in force: run the job with --rules-table {table}, and "
+        "edit the rules there (docs/rules.md)\n"
+    )
+    assert fraudrules("rules", "init-table", "--rules-table", table, cwd=tmp_path).stdout == (
+        f"{table} exists already: nothing done\n"
+    )
+    paused = fraudrules("rules", "pause", "1", "--rules-table", table, cwd=tmp_path)
+    assert paused.stdout == f"rule 1 v2 PAUSE -> {table} (the job applies it at its next micro-batch)\n"
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(table).to_pyarrow_table(columns=["ruleId", "ruleState", "disabled"]).to_pylist()
+    assert rows == [{"ruleId": 1, "ruleState": "PAUSE", "disabled": False}]
+    listed = fraudrules("rules", "list", cwd=tmp_path).stdout
+    assert " v1    ACTIVE " in listed  # the history's: the pause is the job's to apply
+
+
+@pytest.mark.e2e
 def test_export_and_status_as_written(tmp_path, backtest_data):
     (tmp_path / "data").symlink_to(backtest_data)
     res = fraudrules("export", "alerts", "--out", "a.jsonl", cwd=tmp_path)

@@ -28,6 +28,7 @@ class FileStream:
         event_schema: str | None = None,
         catalog: str | None = None,
         schema: str | None = None,
+        rules_table: str | None = None,
     ):
         self.spark = spark
         # every file waits for the background queries' next trigger: 0.5 s apart here, not the job's 5 s
@@ -40,6 +41,7 @@ class FileStream:
             event_schema=event_schema,
             catalog=catalog,
             schema=schema,
+            rules_table=rules_table,
         )
         os.makedirs(self.cfg.landing, exist_ok=True)
         os.makedirs(self.cfg.logins_landing, exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = {"great_expectations": "requirements-quality.txt", "delta-spark": "requirements-nodeps.txt"}
 
 
 def _found(pattern: str, path: str) -> list[str]:
@@ -21,11 +22,10 @@ def _found(pattern: str, path: str) -> list[str]:
 def _pins(package: str) -> dict[str, set[str]]:
     """Where a Python package is pinned: the requirements files, the extras, the bundle's jobs."""
     pin = rf"{re.escape(package)}==([0-9][\w.]*)"
-    requirements = "requirements-quality.txt" if package == "great_expectations" else "requirements.txt"
-    out = {
-        requirements: set(_found(rf"(?m)^{pin}", requirements)),
-        "pyproject.toml": set(_found(pin, "pyproject.toml")),
-    }
+    requirements = REQUIREMENTS.get(package, "requirements.txt")
+    out = {requirements: set(_found(rf"(?m)^{pin}", requirements))}
+    if package != "delta-spark":  # not in an extra: its metadata caps pyspark below ours (requirements-nodeps.txt)
+        out["pyproject.toml"] = set(_found(pin, "pyproject.toml"))
     for job in sorted((ROOT / "resources").glob("*.yml")):
         if found := re.findall(pin, job.read_text()):
             out[f"resources/{job.name}"] = set(found)
@@ -44,6 +44,10 @@ def test_pyspark_is_one_version_in_python_the_jvm_jars_and_the_compat_guard():
     version = _one(_pins("pyspark"))
     assert _found(r"<spark.version>([^<]+)</spark.version>", "jvm/spark/pom.xml") == [version]
     minor = ".".join(version.split(".")[:2])
+    kafka = _found(r"<spark.kafka.version>([^<]+)</spark.kafka.version>", "jvm/spark/pom.xml")[0]
+    assert (
+        kafka.startswith(f"{minor}.") and kafka <= version
+    )  # the Kafka connector: the same minor, a patch behind at most
     assert _found(r"<artifactId>delta-spark_([0-9.]+)_2.13</artifactId>", "jvm/spark/pom.xml") == [minor]
     assert version == pyspark_compat.RELEASE
     assert metadata.version("pyspark") == version  # what `make setup` installed
@@ -51,6 +55,8 @@ def test_pyspark_is_one_version_in_python_the_jvm_jars_and_the_compat_guard():
 
 def test_delta_is_one_version_in_python_and_the_jvm_jars():
     version = _one(_pins("delta-spark"))
+    assert '"delta-spark' not in (ROOT / "pyproject.toml").read_text()  # an extra could not install it beside pyspark
+    assert f"--no-deps delta-spark=={version}" in (ROOT / "README.md").read_text()  # how a wheel's user installs it
     assert _found(r"<delta.version>([^<]+)</delta.version>", "jvm/spark/pom.xml") == [version]
     assert metadata.version("delta-spark") == version
 

@@ -146,7 +146,7 @@ def test_a_worker_unpickling_a_processor_installs_it(monkeypatch, processor):
 
 def test_its_release_uses_it_and_says_nothing(monkeypatch):
     upstream(monkeypatch)
-    assert pyspark_compat.pyspark.__version__ == pyspark_compat.RELEASE == "4.2.0"
+    assert pyspark_compat.pyspark.__version__ == pyspark_compat.RELEASE == "4.2.1"
     assert pyspark_compat.install() and pyspark_compat.notice() is None
 
 
@@ -154,7 +154,7 @@ def test_its_release_uses_it_and_says_nothing(monkeypatch):
 def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
     upstream(monkeypatch)
     if where in ("a patch release", "a later release"):
-        monkeypatch.setattr(pyspark_compat.pyspark, "__version__", "4.2.1" if where == "a patch release" else "4.3.0")
+        monkeypatch.setattr(pyspark_compat.pyspark, "__version__", "4.2.2" if where == "a patch release" else "4.3.0")
     elif where == "a Databricks runtime":
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
     else:

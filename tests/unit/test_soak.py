@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -35,14 +36,18 @@ def test_an_interval_line_says_every_figure():
 
 
 def test_memory_samples_split_the_jvm_from_python(monkeypatch):
-    """The sampler files this (Python) process tree under Python, nothing under JVM, and keeps an interval's samples."""
+    """The sampler files a Python process tree under Python, nothing under JVM, and keeps an interval's samples."""
     monkeypatch.setattr(soak, "MEMORY_SAMPLE_S", 0.02)
-    samples = soak.MemorySamples(os.getpid())
-    started = time.time()
-    samples.start()
-    while len(samples.samples) < 3:
-        time.sleep(0.02)
-    samples.stop()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        samples = soak.MemorySamples(sleeper.pid)
+        started = time.time()
+        samples.start()
+        while len(samples.samples) < 3:
+            time.sleep(0.02)
+        samples.stop()
+    finally:
+        sleeper.kill()
     taken = samples.between(started, time.time() + 1)
     assert taken.shape[1] == 2 and len(taken) >= 3
     assert (taken[:, 0] == 0).all() and (taken[:, 1] > 0).all()

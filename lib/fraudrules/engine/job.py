@@ -253,6 +253,9 @@ def start(
             if c.publisher:
                 c.publisher.recover()  # its alerts that did not reach the topic
             c.commit_pending()
+        if cfg.rules_table and RULES_QUERY in planned:  # the table's changes so far, before any transaction
+            df, sink = planned[RULES_QUERY]
+            start_query(spark, df, sink, cfg.with_(available_now=True), RULES_QUERY).awaitTermination()
         for name, (df, sink) in planned.items():
             running.by_name[name] = start_query(spark, df, sink, cfg, name)
     except BaseException:  # a broker or storage still down: nothing of this start keeps running

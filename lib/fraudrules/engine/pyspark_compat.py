@@ -1,4 +1,4 @@
-"""Compatibility with PySpark 4.2.0: transformWithStateInPandas input grouped by key without a Python step per row,
+"""Compatibility with PySpark 4.2.1: transformWithStateInPandas input grouped by key without a Python step per row,
 and map state writes without copies of the value.
 
 PySpark 4.2's `TransformWithStateInPandasSerializer.load_stream` regroups the input rows by key one row at a
@@ -44,7 +44,7 @@ from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPa
 
 from fraudrules.session import on_databricks
 
-RELEASE = "4.2.0"  # the release whose load_stream and update_value these reproduce
+RELEASE = "4.2.1"  # the release whose load_stream and update_value these reproduce
 UPSTREAM = TransformWithStateInPandasSerializer.load_stream
 UPSTREAM_UPDATE = MapStateClient.update_value
 UPSTREAM_ENV = "FRAUDRULES_UPSTREAM_INPUT"

@@ -30,6 +30,7 @@ from fraudrules.engine import job, progress
 from fraudrules.engine.progress import Printer, ProgressPrinter, error_line, say
 from fraudrules.event_schema import SchemaError
 from fraudrules.rules import store
+from fraudrules.rules import table as rules_table
 from fraudrules.rules.model import RuleError, load_rules_file
 from fraudrules.rules.text import rule_text
 
@@ -49,19 +50,33 @@ class Writer(Protocol):
 
 def prepare(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer = say) -> None:
     """Create missing tables and adopt the event schema (`job.adopt_schema`: SchemaError when it does not fit the
-    job); an empty rules table gets the rules of `rules_file` (if given), validated against it (RuleError)."""
+    job); an empty rules table gets the rules of `rules_file` (if given), validated against it (RuleError). With a
+    rules table of the admins' (`cfg.rules_table`), that table is made when missing (`_prepare_rules_table`)."""
     created = tables.ensure(spark, cfg)
     if created:
         printer(f"created {len(created)} tables: {', '.join(created)}")
     added = job.adopt_schema(spark, cfg)
     if added:
         printer(f"bronze transactions gained the event schema's new fields: {', '.join(added)}")
-    if rules_file and not store.current(spark, cfg):
+    if cfg.rules_table:
+        _prepare_rules_table(spark, cfg, rules_file, printer)
+    elif rules_file and not store.current(spark, cfg):
         rules = load_rules_file(rules_file, event_schema.for_job(cfg))
         store.upsert(spark, cfg, rules, author="fraudrules run")
         printer(f"loaded {len(rules)} rules from {rules_file}:")
         for rule in rules:
             printer(f"  rule {rule.rule_id}: {rule_text(rule)}")
+
+
+def _prepare_rules_table(spark: SparkSession, cfg: JobConfig, rules_file: str | None, printer: Printer) -> None:
+    """The job's rules table made when missing, with the rules of `rules_file` (if given); an existing one is the
+    admins': the file does not overwrite it."""
+    rules = load_rules_file(rules_file, event_schema.for_job(cfg)) if rules_file else []
+    if rules_table.create(spark, str(cfg.rules_table), rules):
+        loaded = f" with {len(rules)} rules from {rules_file}" if rules else ""
+        printer(f"created the rules table {cfg.rules_table} (change data feed on){loaded}")
+    elif rules_file:
+        printer(f"rules from the rules table {cfg.rules_table}; {rules_file} not loaded")
 
 
 class Stop:

@@ -16,6 +16,9 @@ from pyspark.sql import functions as F
 from fraudrules.config import JobConfig
 from fraudrules.engine import kafka, lines
 from fraudrules.paths import is_glob, is_remote
+from fraudrules.rules.table import is_path
+
+VERSION_DIGITS = 20  # a Delta version in a rule change's `source`, zero-padded: text order is version order
 
 
 def raw_transactions(spark: SparkSession, cfg: JobConfig, query: str) -> DataFrame:
@@ -53,7 +56,10 @@ def file_source(
 
 def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     """Rule change sets, one per file of the rules folder (the rules topic's local stand-in) or per message of
-    the rules topic: `value` (a rule or a JSON list), `source` (unique per change set) and `modified`."""
+    the rules topic: `value` (a rule or a JSON list), `source` (unique per change set) and `modified`; with a
+    rules table, one per row change of its change feed (`table_changes`)."""
+    if cfg.rules_table:
+        return table_changes(spark, cfg.rules_table)
     if cfg.kafka_rules_topic:
         return kafka.rule_changes(spark, cfg)
     os.makedirs(cfg.rules_landing, exist_ok=True)
@@ -61,4 +67,25 @@ def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
         "value",
         F.col("_metadata.file_path").alias("source"),
         F.col("_metadata.file_modification_time").alias("modified"),
+    )
+
+
+def table_changes(spark: SparkSession, table: str) -> DataFrame:
+    """A Delta table's Change Data Feed (a table name, or a path: it has a '/') in the shape of `rule_changes`
+    (`change_rows`). A fresh checkpoint starts with the table's rows as inserts (Delta's snapshot of a change feed
+    without a starting version), then its changes."""
+    reader = spark.readStream.format("delta").option("readChangeFeed", "true")
+    return change_rows(reader.load(table) if is_path(table) else reader.table(table), table)
+
+
+def change_rows(feed: DataFrame, table: str) -> DataFrame:
+    """Change feed rows as rule changes: `value` the changed row with its change columns as JSON
+    (`cdc.table_change`), `source` "<table>@<version>" (zero-padded: versions apply in order), `modified` the
+    commit's time. An update's old image is left out: the new one says it all."""
+    feed = feed.where(F.col("_change_type") != "update_preimage")
+    version = F.lpad(F.col("_commit_version").cast("string"), VERSION_DIGITS, "0")
+    return feed.select(
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in feed.columns])).alias("value"),
+        F.concat(F.lit(f"{table}@"), version).alias("source"),
+        F.col("_commit_timestamp").alias("modified"),
     )

@@ -1,10 +1,13 @@
-"""Rules from a database's rules table: Debezium change events on the rules topic (`rules_format="debezium"`).
+"""Rules from a rules table that someone else owns, as row changes: Debezium change events of a database's table on
+the rules topic (`rules_format="debezium"`), or the Change Data Feed of a Delta table that admins edit with SQL
+(`rules_table`).
 
-Each message is one change of one row, in Debezium's JSON envelope, with or without the converter's `schema` part
-(`{"schema": ..., "payload": {...}}` or the payload alone). The payload's `op` says what happened to the row:
+A Debezium message is one change of one row, in Debezium's JSON envelope, with or without the converter's `schema`
+part (`{"schema": ..., "payload": {...}}` or the payload alone). The payload's `op` says what happened to the row:
 `c` (insert), `u` (update) and `r` (a snapshot read) put the row's new image (`after`) as the rule; `d` (delete)
 deletes the rule its old image (`before`, at least the primary key) names. A message without a value (Debezium's
-tombstone after a delete) is skipped.
+tombstone after a delete) is skipped. A Delta change feed row (`table_change`) is the same with Delta's names:
+`insert` and `update_postimage` put the row, `delete` deletes its rule (`update_preimage` rows never reach here).
 
 A row becomes a rule through a `ColumnMapping` (rule field -> column; identity by default): the rule JSON that
 `rules put` takes, validated by the same code against the job's event schema. A row whose `disabled` column is true
@@ -12,10 +15,11 @@ is a paused rule (the seed's "if rule.disabled = true, it is removed"). json/jso
 are decoded; numeric columns must arrive as text or numbers (the connector's `decimal.handling.mode=string` or
 `double`, not its default base64 bytes).
 
-Order and idempotence: every change carries its position in the database's log (`Position`), from
+Order and idempotence: every change carries its position in its log (`Position`): for Debezium, from
 `source.sequence` (`["lastCommitLsn", "lsn"]`), else `source.lsn`, else the payload's `ts_ms` and the message's
-topic offset. The position goes into the rule_history row's change id (`change_id`); a change whose position is not
-after the last one applied to its rule (a redelivered or an older event) is a no-op.
+topic offset; for a Delta table, the commit's version. The position goes into the rule_history row's change id
+(`change_id`); a change whose position is not after the last one applied to its rule (a redelivered or an older
+event, a replayed micro-batch) is a no-op.
 
 Standard library and the rule model only: no Spark (the rules query's sink, `engine/rule_changes.py`, applies the
 changes).
@@ -27,6 +31,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 from fraudrules.event_schema import EventSchema
@@ -39,7 +44,11 @@ FIELDS = (*RULE_FIELDS, DISABLED)
 JSON_FIELDS = frozenset({"groupingKeyNames", "filter", "unique"})  # may be json/jsonb columns (JSON text)
 UPSERT_OPS = ("c", "u", "r")
 DELETE_OP = "d"
-CHANGE_PREFIX = "debezium"
+DEBEZIUM = "debezium"  # the change ids' prefix (`change_set_id`) of each origin
+DELTA = "delta"
+# A Delta change feed row's `_change_type` as a Debezium op (update_preimage rows are filtered out at the source)
+TABLE_OPS = {"insert": "c", "update_postimage": "u", "delete": DELETE_OP}
+CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")  # what the change feed adds to a row
 
 
 class ChangeError(RuleError):
@@ -123,17 +132,26 @@ class Position:
 
 @dataclass(frozen=True)
 class Change:
-    """One row change: `op`, the rule id, the row image it carries (`after`; `before` for a delete)."""
+    """One row change: `op`, the rule id, the row image it carries (`after`; `before` for a delete), its origin
+    (DEBEZIUM or DELTA)."""
 
     op: str
     rule_id: int
     row: Mapping[str, Any]
     position: Position
+    origin: str = DEBEZIUM
 
     @property
     def change_id(self) -> str:
-        """The rule_history change id: the rule and the position (`debezium:<ruleId>:lsn:<commitLsn>:<lsn>`)."""
-        return f"{CHANGE_PREFIX}:{self.rule_id}:{self.position.token}"
+        """The rule_history change id of this change applied alone (`debezium:<ruleId>:lsn:<commitLsn>:<lsn>`)."""
+        return change_set_id([self])
+
+
+def change_set_id(changes: list[Change]) -> str:
+    """The rule_history change id of changes applied together (one commit of a rules table; or one change): the
+    first one's origin and position, the rules' ids (`delta:3,7:version:12:0`)."""
+    first = changes[0]
+    return f"{first.origin}:{','.join(str(c.rule_id) for c in changes)}:{first.position.token}"
 
 
 def decode(value: str, source: str, mapping: ColumnMapping) -> Change | None:
@@ -160,6 +178,23 @@ def decode(value: str, source: str, mapping: ColumnMapping) -> Change | None:
     return Change(op, mapping.rule_id(row), row, position(payload, source))
 
 
+def table_change(value: str, mapping: ColumnMapping) -> Change:
+    """The change a Delta change feed row holds: `value` is the row with its change columns (`CHANGE_COLUMNS`) as
+    JSON (`sources.table_changes`). ChangeError when its change type or rule id is not usable."""
+    row = json.loads(value, parse_float=_plain)
+    change_type, version = row.pop("_change_type", None), row.pop("_commit_version", None)
+    row.pop("_commit_timestamp", None)
+    if change_type not in TABLE_OPS or not isinstance(version, int):
+        raise ChangeError(None, f"not a change feed row: change type {change_type!r}, version {version!r}")
+    return Change(TABLE_OPS[change_type], mapping.rule_id(row), row, Position("version", version, 0), DELTA)
+
+
+def _plain(text: str) -> str:
+    """A JSON number with a fraction as exact decimal text without trailing zeros (a DECIMAL(38, 18) column's 500
+    arrives as 500.000000000000000000; a limit is text anyway)."""
+    return format(Decimal(text).normalize(), "f")
+
+
 def position(payload: Mapping[str, Any], source: str) -> Position:
     """The change's position: source.sequence, else source.lsn, else ts_ms and the message's offset."""
     meta = payload.get("source") if isinstance(payload.get("source"), dict) else {}
@@ -182,11 +217,11 @@ def _sequence(text: Any) -> tuple[int, int] | None:
 
 
 def applied_positions(history: Iterable[Mapping[str, Any]]) -> dict[int, Position]:
-    """The position of each rule's newest version that a change event made (rule_history rows)."""
+    """The position of each rule's newest version that a row change made (rule_history rows)."""
     newest: dict[int, tuple[int, Position]] = {}
     for row in history:
         parts = (row.get("changeId") or "").split(":", 2)
-        if parts[0] == CHANGE_PREFIX and len(parts) == 3 and row["version"] > newest.get(row["ruleId"], (0,))[0]:
+        if parts[0] in (DEBEZIUM, DELTA) and len(parts) == 3 and row["version"] > newest.get(row["ruleId"], (0,))[0]:
             newest[row["ruleId"]] = (row["version"], Position.parse(parts[2]))
     return {rule_id: p for rule_id, (_, p) in newest.items()}
 

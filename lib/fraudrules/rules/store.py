@@ -25,6 +25,8 @@ from pyspark.sql import functions as F
 from fraudrules import event_schema, tables
 from fraudrules.config import JobConfig
 from fraudrules.event_schema import EventSchema
+from fraudrules.rules import table as rules_table
+from fraudrules.rules.cdc import ColumnMapping
 from fraudrules.rules.codec import from_row, incarnation_sig, to_row
 from fraudrules.rules.model import EVALUATED, Rule, RuleError, resolve, validate
 
@@ -125,14 +127,9 @@ def apply(
     shard applies all of it at the same batch boundary. With a `change_id` the call is idempotent: a change
     set already in the history is skipped.
     """
-    schema = event_schema.for_job(cfg)
-    # a RuleError here stops the whole change set
-    resolved = [validate(r, schema) if r.evaluated else resolve(r, schema) for r in changes]
-    past = history_rows(spark, cfg)
-    if change_id and any(r["changeId"] == change_id for r in past):
+    p = _planned(spark, cfg, changes, author, change_id, label)
+    if p is None:
         return []
-    epoch = max((r["epoch"] or 0 for r in past), default=0)
-    p = plan(latest(past), epoch, resolved, datetime.now(timezone.utc), author, change_id, label, schema)
     if p.log:
         writer = tables.writer(spark, cfg)
         writer.append("rule_history", p.log)
@@ -140,6 +137,41 @@ def apply(
     for snapshot in p.exports:
         export_rows(spark, cfg, snapshot)
     return [r for r in p.log if r["ruleState"] != "CONTROL"]
+
+
+def _planned(
+    spark: SparkSession, cfg: JobConfig, changes: list[Rule], author: str, change_id: str | None, label: str | None
+) -> Plan | None:
+    """The change set's plan against the history now, its rules validated (a RuleError stops the whole change
+    set); None when the history has its `change_id` already."""
+    schema = event_schema.for_job(cfg)
+    resolved = [validate(r, schema) if r.evaluated else resolve(r, schema) for r in changes]
+    past = history_rows(spark, cfg)
+    if change_id and any(r["changeId"] == change_id for r in past):
+        return None
+    epoch = max((r["epoch"] or 0 for r in past), default=0)
+    return plan(latest(past), epoch, resolved, datetime.now(timezone.utc), author, change_id, label, schema)
+
+
+def submit(
+    spark: SparkSession, cfg: JobConfig, changes: list[Rule], author: str = "cli", label: str | None = None
+) -> list[dict]:
+    """A change set from people and tools (the CLI, the notebooks, `fraudrules run --rules`): applied, or, when the
+    job's rules come from a rules table (`cfg.rules_table`), written to that table in one commit, which the job
+    applies through the table's change feed, so that the table stays the one definition of the rules. Returns the
+    changed rules' rows; written to a table, the versions they will get (the plan against the history now).
+    Control commands are not rows: they are applied (DELETE_RULES_ALL is refused with a table: delete its rows)."""
+    if not cfg.rules_table or all(r.state == "CONTROL" for r in changes):
+        if cfg.rules_table and any(r.control_type == "DELETE_RULES_ALL" for r in changes):
+            raise RuleError(None, [f"DELETE_RULES_ALL: the rules are rows of {cfg.rules_table}; delete those"])
+        return apply(spark, cfg, changes, author, label=label)
+    if any(r.state == "CONTROL" for r in changes):
+        raise RuleError(None, ["control commands are not rows of the rules table: send them on their own"])
+    p = _planned(spark, cfg, changes, author, None, label)
+    if p is None:  # only with a change id
+        return []
+    rules_table.write(spark, cfg.rules_table, [from_row(r) for r in p.log], ColumnMapping(cfg.rules_columns))
+    return p.log
 
 
 def _control_row(rule: Rule, epoch: int, change_id: str | None, now: datetime, author: str) -> dict:
@@ -157,7 +189,7 @@ def _control_row(rule: Rule, epoch: int, change_id: str | None, now: datetime, a
 
 
 def upsert(spark: SparkSession, cfg: JobConfig, rules: list[Rule], author: str = "cli") -> list[dict]:
-    return apply(spark, cfg, rules, author)
+    return submit(spark, cfg, rules, author)
 
 
 def set_state(spark: SparkSession, cfg: JobConfig, rule_id: int, state: str, author: str = "cli") -> dict:
@@ -170,7 +202,7 @@ def set_state(spark: SparkSession, cfg: JobConfig, rule_id: int, state: str, aut
         raise RuleError(rule_id, ["is deleted: `rules put` its definition again to bring it back"])
     if state == "ACTIVE" and rule.shadow_of is not None:
         raise RuleError(rule_id, [f"it shadows rule {rule.shadow_of}: `rules promote {rule_id}` replaces that rule"])
-    return apply(spark, cfg, [replace(rule, state=state)], author)[0]
+    return submit(spark, cfg, [replace(rule, state=state)], author)[0]
 
 
 # ------------------------------------------------------------------------------------------ shadow rules
@@ -232,13 +264,13 @@ def promotion(rows: dict[int, dict], shadow_id: int) -> list[Rule]:
 
 def shadow(spark: SparkSession, cfg: JobConfig, candidates: list[Rule], author: str = "cli") -> list[dict]:
     """Put candidate rules in SHADOW (see `shadow_changes`); returns their rows."""
-    return apply(spark, cfg, shadow_changes(current(spark, cfg), candidates), author)
+    return submit(spark, cfg, shadow_changes(current(spark, cfg), candidates), author)
 
 
 def promote(spark: SparkSession, cfg: JobConfig, shadow_id: int, author: str = "cli") -> list[dict]:
     """Promote a SHADOW rule (see `promotion`); returns the changed rows, the promoted version first."""
     changes = promotion(current(spark, cfg), shadow_id)
-    return apply(spark, cfg, changes, author, label=f"promote:{shadow_id}")
+    return submit(spark, cfg, changes, author, label=f"promote:{shadow_id}")
 
 
 def export_current(spark: SparkSession, cfg: JobConfig) -> str:
