@@ -125,7 +125,7 @@ def run(work_dir: Path, rate: float, step_seconds: float, source: str = "postgre
         with ExitStack() as services:  # each stopped, in reverse order, however the demo ends
             published: list[float] = []  # when each change event (tombstones aside) reached a reader of the topic
             if source == "delta":
-                cfg = JobConfig(data_dir=str(work_dir / "data"), rules_table=str(work_dir / "rules_admin"))
+                cfg = JobConfig(data_dir=str(work_dir / "data"), rules_table=str((work_dir / "rules_admin").resolve()))
                 print(f"rules table {cfg.rules_table} (change data feed on)", flush=True)
             else:
                 cfg, execute = _postgres(services, work_dir, published)

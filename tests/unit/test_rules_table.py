@@ -4,6 +4,7 @@ as one change set, rules as its rows (`rules/table.py`), and the job's configura
 from __future__ import annotations
 
 import json
+import os
 from decimal import Decimal
 
 import pytest
@@ -136,3 +137,10 @@ def test_the_rules_table_in_the_config_and_on_the_command_line(tmp_path):
     with pytest.raises(ValueError, match="rules_table must name"):
         JobConfig(data_dir=str(tmp_path), rules_table=" ")
     assert config_from({"rules_table": ""}).rules_table is None  # the bundle's empty variable: no table
+
+
+def test_a_relative_path_is_the_table_at_that_path():
+    """Delta reads `delta.`rel/x`` as a table named so in a schema `delta`: a relative path is made absolute."""
+    assert rules_table._sql_name("data/rules_admin") == f"delta.`{os.path.abspath('data/rules_admin')}`"
+    assert rules_table._sql_name("s3://bucket/rules") == "delta.`s3://bucket/rules`"
+    assert rules_table._sql_name("main.fraud.rules_admin") == "main.fraud.rules_admin"

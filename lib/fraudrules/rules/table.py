@@ -10,6 +10,7 @@ A row's columns are the rule's fields by name (`RULES_TABLE_DDL`, `create`), or 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -18,6 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from fraudrules.paths import is_remote
 from fraudrules.rules.cdc import DISABLED, FIELDS, ColumnMapping
 from fraudrules.rules.model import Rule
 
@@ -38,7 +40,11 @@ def is_path(table: str) -> bool:
 
 
 def _sql_name(table: str) -> str:
-    return f"delta.`{table}`" if is_path(table) else table
+    """The table in SQL: a path as Delta's path identifier, which must be absolute (a relative one reads as a table
+    named `delta`.`...`)."""
+    if not is_path(table):
+        return table
+    return f"delta.`{table if is_remote(table) else os.path.abspath(table)}`"
 
 
 def create(spark: SparkSession, table: str, rules: list[Rule]) -> bool:
