@@ -145,6 +145,12 @@ class EventSchema:
     def field(self, path: str) -> Field | None:
         return self.fields.get(path)
 
+    def input_column(self, name: str) -> str:
+        """A name's column in the engine's input: a declared field's flat column, else the name itself (an input
+        column such as srcTime)."""
+        declared = self.fields.get(name)
+        return declared.column if declared else name
+
     def closest(self, path: str, n: int = 3, also: Iterable[str] = ()) -> list[str]:
         """Declared names (and the names `also` allowed where `path` is) most like `path` (a misspelt or a missing
         struct prefix)."""

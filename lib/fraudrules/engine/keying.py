@@ -109,8 +109,7 @@ class Transactions:
 
     def column(self, name: str) -> np.ndarray:
         """A field carried as integers (or an input column such as srcTime), as int64."""
-        declared = self.schema.field(name)
-        column = declared.column if declared else name
+        column = self.schema.input_column(name)
         return self._memoised("column", column, lambda: self._ordered(self.frame[column].to_numpy(np.int64)))
 
     def text(self, name: str) -> Text:

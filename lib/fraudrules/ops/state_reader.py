@@ -137,7 +137,7 @@ def entries(
     # the transactions as the engine read them (its own columns), so that keys read as the engine writes them; only
     # the id and the rules' grouping fields (Parquet reads no other column: an hour of bronze is gigabytes)
     used = {n for r in ev["rule"].unique() for n in rules.rule(int(r)).grouping_key_names}
-    columns = [f.column if (f := schema.field(n)) else n for n in ("transactionId", *sorted(used))]
+    columns = [schema.input_column(n) for n in ("transactionId", *sorted(used))]
     typed = numeric(wanted.withColumn("srcTime", F.lit(0)), schema).select(*columns)
     frame = typed.toPandas().drop_duplicates("transactionId")
     tx = keying.Transactions(frame.reset_index(drop=True), schema)  # in the frame's order

@@ -182,8 +182,7 @@ def table_change(value: str, mapping: ColumnMapping) -> Change:
     """The change a Delta change feed row holds: `value` is the row with its change columns (`CHANGE_COLUMNS`) as
     JSON (`sources.table_changes`). ChangeError when its change type or rule id is not usable."""
     row = json.loads(value, parse_float=_plain)
-    change_type, version = row.pop("_change_type", None), row.pop("_commit_version", None)
-    row.pop("_commit_timestamp", None)
+    change_type, version, _ = (row.pop(c, None) for c in CHANGE_COLUMNS)
     if change_type not in TABLE_OPS or not isinstance(version, int):
         raise ChangeError(None, f"not a change feed row: change type {change_type!r}, version {version!r}")
     return Change(TABLE_OPS[change_type], mapping.rule_id(row), row, Position("version", version, 0), DELTA)
