@@ -265,7 +265,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     generate = args.rate > 0 and not args.no_generator
     started = time.monotonic()
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
-        spark = spark_session(cfg=cfg)
+        spark = spark_session(cfg=cfg, fixed_heap=True)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     if not on_databricks():  # a cluster's driver log keeps them
         logs.quiet_query_failures(spark)

@@ -50,6 +50,10 @@ BACKGROUND_NICE = (
 # using ~200 MB of it). Long-lived sessions keep G1 and a bigger heap, for the job's allocation rate.
 SHORT_LIVED_HEAP = "768m"
 SHORT_LIVED_GC = ("-XX:+UseSerialGC",)
+# The continuous job's heap is committed and touched at launch (-Xms as -Xmx): G1 otherwise grows it in steps over
+# the first hour (the soak's JVM went from 1.4 to 2.2 GiB between minutes 5 and 70), which reads as a leak and hides
+# one; the job's memory is then its steady state from its first minute.
+FIXED_HEAP = ("-XX:+AlwaysPreTouch",)
 # The data-quality run ships a detector's retained state into the JVM to check it (after an hour at 1,000 tx/s, ~7M
 # events): in 768 MB the serial collector spent most of a 15-minute run collecting (the 90-minute soak).
 QUALITY_HEAP = "2g"
@@ -64,8 +68,8 @@ _launched: list[str] = []  # the heap of the JVM this process launched
 
 def driver_memory(short_lived: bool = False, default: str | None = None) -> str:
     """The local JVM's heap: `FRAUDRULES_DRIVER_MEMORY`, else the session's `default`, else 768m for a short-lived
-    session (a command or a notebook), 3g for the continuous job (the heap grows to its maximum under the job's
-    allocation rate and stays there, so that is what `make bench` needs, not more: docs/performance.md)."""
+    session (a command or a notebook), 3g for the continuous job (committed at launch, `FIXED_HEAP`: what
+    `make bench` needs, not more: docs/performance.md)."""
     return os.environ.get(DRIVER_MEMORY_ENV) or default or (SHORT_LIVED_HEAP if short_lived else "3g")
 
 
@@ -102,11 +106,13 @@ def local_fs_options(master: str) -> dict[str, str]:
     return {"spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": LOCAL_FS}
 
 
-def jvm_options(short_lived: bool, catalog: str | None = None, tiered_jit: bool = False) -> str:
+def jvm_options(
+    short_lived: bool, catalog: str | None = None, tiered_jit: bool = False, fixed_heap: str | None = None
+) -> str:
     """The local driver JVM's options: logging, thread niceness, the class-data archive (when there is one; an
     archive that does not match this JDK or class path is skipped without a word), the serial collector of
     short-lived sessions and their C1-only JIT (unless `tiered_jit`), Derby's home (its log) in the local catalog's
-    folder."""
+    folder; `fixed_heap`: the continuous job's heap, committed and touched at launch (`FIXED_HEAP`)."""
     archive = jars_file(CLASS_ARCHIVE)
     options = [logs.java_options(), *JVM_LOGGING, *BACKGROUND_NICE]
     if catalog:
@@ -117,4 +123,6 @@ def jvm_options(short_lived: bool, catalog: str | None = None, tiered_jit: bool 
         options.append(f"-XX:SharedArchiveFile={archive}")
     if short_lived:
         options.extend(SHORT_LIVED_GC if tiered_jit else (*C1_ONLY, *SHORT_LIVED_GC))
+    if fixed_heap:
+        options.extend((f"-Xms{fixed_heap}", *FIXED_HEAP))
     return " ".join(options)

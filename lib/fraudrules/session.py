@@ -57,12 +57,14 @@ def get_spark(
     cfg: JobConfig | None = None,
     tiered_jit: bool = False,
     heap: str | None = None,
+    fixed_heap: bool = False,
 ) -> SparkSession:
     """The session: the cluster's on Databricks, else a local one. `short_lived`: a command or notebook
     that ends within minutes (local JVM tuned to start fast, `local_runtime`), not the continuous job; `tiered_jit`:
     one that still runs long enough for the JIT's optimising compiler to pay off; `heap`: a local JVM's heap when it
-    is launched, where the kind's default is not enough (`local_runtime.driver_memory`). `cfg`: the job's
-    configuration (its shuffle partitions; a local catalog for its catalog tables)."""
+    is launched, where the kind's default is not enough (`local_runtime.driver_memory`); `fixed_heap`: the
+    continuous job, whose heap is committed at launch. `cfg`: the job's configuration (its shuffle partitions; a
+    local catalog for its catalog tables)."""
     catalog = cfg.local_catalog if cfg else None
     shuffle_partitions = cfg.shuffle_partitions if cfg else shuffle_partitions
     # Workers must run this interpreter (the venv with fraudrules), not whatever `python3` is on PATH.
@@ -97,7 +99,15 @@ def get_spark(
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
             .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
             # quiet from its first line
-            .config("spark.driver.extraJavaOptions", local_runtime.jvm_options(short_lived, catalog, tiered_jit))
+            .config(
+                "spark.driver.extraJavaOptions",
+                local_runtime.jvm_options(
+                    short_lived,
+                    catalog,
+                    tiered_jit,
+                    local_runtime.driver_memory(short_lived, heap) if fixed_heap else None,
+                ),
+            )
         )
         for key, value in local_catalog_options(catalog).items() if catalog else ():
             builder = builder.config(key, value)

@@ -47,6 +47,13 @@ def test_short_lived_sessions_keep_a_small_heap_committed_as_used(short_lived, m
     assert local_runtime.driver_memory(short_lived) == local_runtime.driver_memory(short_lived, "2g") == "1g"
 
 
+def test_only_the_continuous_job_commits_its_heap_at_launch():
+    """Its heap is its steady state from the first minute (G1 grew the soak's heap in steps over an hour)."""
+    flags = final_flags(local_runtime.jvm_options(short_lived=False, fixed_heap="1g"))
+    assert (flags["InitialHeapSize"], flags["AlwaysPreTouch"]) == (str(2**30), "true")
+    assert final_flags(local_runtime.jvm_options(short_lived=False))["AlwaysPreTouch"] == "false"
+
+
 def test_only_the_lowest_java_priority_is_niced():
     """Background threads (Thread.MIN_PRIORITY) run at nice 19; every other priority maps to nice 0."""
     flags = final_flags(local_runtime.jvm_options(short_lived=False))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 from fraudrules.engine import state
-from fraudrules.engine.state import Bounds, Budget, Cache, Indexed, Meta, Resets, ShardEvents
+from fraudrules.engine.state import Bounds, Budget, Cache, Chunk, Indexed, Meta, Resets, ShardEvents, Span
 from fraudrules.engine.windowing import I64_MAX, I64_MIN, Events
 from tests.support.harness import MemoryBackend, rule
 
@@ -95,10 +97,9 @@ def _check(got, want: list[tuple], new: Events) -> None:
 
 @pytest.mark.parametrize(("huge", "reset"), [(False, False), (True, False), (False, True)])
 def test_a_fold_of_chunks_answers_as_the_chunks_do_whatever_the_windows_cut(tmp_path, monkeypatch, huge, reset):
-    """A batch whose day-long windows hold six chunks whole folds them; a seventh chunk comes; the next batch's
-    windows, of a minute, ten minutes and a day, hold the fold's groups whole, cut them or miss them, and a reset
-    hides the folded chunks' events of one group: every new event gets what a scan of the retained events it can
-    see gives."""
+    """A batch folds six settled chunks into a block; a seventh chunk comes; the next batch's windows, of a minute,
+    ten minutes and a day, hold the block's groups whole, cut them or miss them, and a reset hides the folded
+    chunks' events of one group: every new event gets what a scan of the retained events it can see gives."""
     monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
     rng = np.random.default_rng(17)
     store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
@@ -109,27 +110,66 @@ def test_a_fold_of_chunks_answers_as_the_chunks_do_whatever_the_windows_cut(tmp_
         if b == 5:
             day = _ruled(rng, 200, [3], (40 * MIN, 41 * MIN), 20_000, huge)
             _check(store.base(day, RULES), _scan(Events.concat(old), day), day)
-            assert store.cache.fold is not None and len(store.cache.fold.chunks) == 6
+            assert [len(b.chunks) for b in store.cache.blocks] == [6]
         if reset and b == 5:  # group 3 of rule 3 emptied: the folded chunks' events of it are hidden
             every = Events.concat(old)
             store.add_resets(every.take(np.flatnonzero(every.g == 3 * 1_000_003 + 3)[-1:]))
             old = [o.take(np.flatnonzero(~store.resets.hidden(o))) for o in old]
     new = _ruled(rng, 400, [1, 2, 3], (0, 30 * MIN), 10_000, huge)
     _check(store.base(new, RULES), _scan(Events.concat(old), new), new)
+    assert [len(b.chunks) for b in store.cache.blocks] == [7]  # the seventh joined the block
 
 
-def test_chunks_that_windows_cut_are_not_folded(tmp_path, monkeypatch):
-    """Ten-minute windows over chunks of four minutes each cut the older ones: nothing to fold."""
-    monkeypatch.setattr(state, "MAX_MERGED", 100)
+def test_a_window_start_asks_the_chunks_of_the_block_it_cuts_only(tmp_path, monkeypatch):
+    """Twenty settled chunks of four minutes each fold into blocks of eight, eight and four. Ten-minute windows
+    start in the last block: only its chunks are asked one by one, and the answers are a scan's. The oldest chunk
+    goes: its block is dropped and its seven other chunks fold again."""
+    monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled
     rng = np.random.default_rng(19)
     store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
-    for b in range(6):
-        ev = _events(rng, 300, [2], (b * 4 * MIN, (b + 1) * 4 * MIN), b * 300, np.arange(9))
-        store.append(ev, Bounds.of({2: (0, 10 * MIN)}, (b + 1) * 4 * MIN))  # chunks out of every window go
-    assert len(store.meta.chunks) == 3
-    new = _events(rng, 100, [2], (24 * MIN, 25 * MIN), 10_000, np.arange(9))
-    store.base(new, {2: rule(2, window=10)})
-    assert store.cache.fold is None
+    old = [_events(rng, 300, [2], (b * 4 * MIN, (b + 1) * 4 * MIN), b * 300, np.arange(9)) for b in range(20)]
+    for ev in old:
+        store.append(ev, KEEP_ALL)
+    rules = {2: rule(2, window=10)}
+    store.base(_events(rng, 10, [2], (80 * MIN, 80 * MIN + 1), 9_000, np.arange(9)), rules)
+    ids = [c.id for c in store.meta.chunks]
+    assert [sorted(i for i, _ in b.chunks) for b in store.cache.blocks] == [ids[:8], ids[8:16], ids[16:]]
+    asked, ask = [], ShardEvents._ask
+
+    def spy(self, out, needles, c):
+        asked.append(c.id)
+        ask(self, out, needles, c)
+
+    monkeypatch.setattr(ShardEvents, "_ask", spy)
+    new = _events(rng, 100, [2], (80 * MIN, 81 * MIN), 10_000, np.arange(9))
+    _check(store.base(new, rules), _scan(Events.concat(old), new, {2: 10 * MIN}), new)
+    assert asked and set(asked) <= set(ids[16:])
+    nothing = _events(rng, 0, [2], (0, 1), 0, np.arange(9))
+    store.append(nothing, Bounds.of({2: (0, 10 * MIN)}, 14 * MIN))  # the oldest chunk (minutes 0-4) is out
+    store.cache.retain(store.meta.chunks)
+    assert [sorted(i for i, _ in b.chunks) for b in store.cache.blocks] == [ids[8:16], ids[16:]]
+    store.base(new, rules)
+    assert [sorted(i for i, _ in b.chunks) for b in store.cache.blocks] == [ids[1:8], ids[8:16], ids[16:]]
+
+
+def test_the_catalog_is_stored_as_asdict_gives_it():
+    """Checkpoints of earlier releases hold the catalog as `dataclasses.asdict` wrote it: the hand-built JSON is
+    the same text, and reads back the same."""
+    meta = Meta(
+        "t", 7, 3, 99, [Chunk(i, f"tag{i}", 10 * i, [Span(1, 2, 5, 50 + i), Span(3, 4, 5, 60)]) for i in range(3)]
+    )
+    assert meta.to_json() == json.dumps(asdict(meta), separators=(",", ":"))
+    assert Meta.from_json(meta.to_json()) == meta
+
+
+def test_settled_chunks_are_those_no_merge_takes_again():
+    """A merge takes a run of the newest chunks of at most MAX_MERGED events: a chunk that the newer chunks after
+    it outweigh, or too big for any run, stays: the soak's chunks of 40,000 (four of them pass 150,000) once newer
+    ones outweigh them."""
+    sizes = [40_000, 40_000, 40_000, 40_000, 10_000, 2_500]
+    assert state._settled([Chunk(i, "t", n, []) for i, n in enumerate(sizes)]) == {0}
+    assert state._settled([Chunk(i, "t", n, []) for i, n in enumerate([40_000] * 6)]) == {0, 1, 2}
+    assert state._settled([Chunk(0, "t", 70_000, []), Chunk(1, "t", 100, [])]) == {0}  # too big to merge
 
 
 def test_a_chunk_counts_the_group_sizes_its_summary_shares_with_its_detail_once():
@@ -206,7 +246,7 @@ def test_a_fold_that_answers_every_new_event_reads_none_of_its_chunks(tmp_path, 
         store.append(old[-1], KEEP_ALL)
     day = _ruled(rng, 200, [3], (40 * MIN, 41 * MIN), 20_000, False)
     store.base(day, RULES)
-    assert store.cache.fold is not None and len(store.cache.fold.chunks) == 6
+    assert [len(b.chunks) for b in store.cache.blocks] == [6]
     assert all(store.parts[c.id].folded for c in store.meta.chunks)  # the budget drops their parts first
     monkeypatch.setattr(state.BUDGET, "limit", 0)
     state.BUDGET.trim()
@@ -214,8 +254,8 @@ def test_a_fold_that_answers_every_new_event_reads_none_of_its_chunks(tmp_path, 
     later = _ruled(rng, 200, [3], (42 * MIN, 43 * MIN), 30_000, False)
     _check(store.base(later, RULES), _scan(Events.concat(old), later), later)
     assert all(store.parts[c.id].summary is None for c in store.meta.chunks)
-    store.cache.retain(store.meta.chunks[1:])  # a folded chunk gone: no fold, and no chunk counts as folded
-    assert store.cache.fold is None and not any(store.parts[c.id].folded for c in store.meta.chunks[1:])
+    store.cache.retain(store.meta.chunks[1:])  # a folded chunk gone: no block, and no chunk counts as folded
+    assert store.cache.blocks == [] and not any(store.parts[c.id].folded for c in store.meta.chunks[1:])
 
 
 def test_a_summary_dropped_for_the_budget_is_read_again_from_its_file_not_built_from_the_events(tmp_path, monkeypatch):

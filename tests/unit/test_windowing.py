@@ -230,8 +230,9 @@ def test_matches_reference_in_small_batches_without_caches(workload, shards, lat
 @examples(100)
 @given(workloads(), st.integers(0, 2 * MIN), st.randoms(use_true_random=False))
 def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
-    """Every chunk counts as settled and is folded as soon as a micro-batch's windows hold it whole (no time to
-    spare): later batches ask the fold, ask its chunks where their windows cut it, drop it and fold again."""
+    """Every chunk counts as settled and is folded at once, in blocks of two: later batches ask the blocks, ask a
+    block's chunks where their windows cut it, drop a block whose chunk is rewritten or dropped and fold its other
+    chunk again."""
     batches, rules = workload
     for b in batches:
         rnd.shuffle(b)
@@ -239,7 +240,7 @@ def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(state, "MAX_MERGED", 1)
         patch.setattr(state, "FOLD_MIN", 1)
-        patch.setattr(state, "_fold_margin", lambda needles: 0)
+        patch.setattr(state, "FOLD_BLOCK", 2)
         got_alerts, got_late = Engine(lateness, 2).run(batches, per_batch)
     ref_alerts, ref_late = reference.run(batches, per_batch, lateness_ms=lateness)
     _assert_same(got_alerts, ref_alerts)

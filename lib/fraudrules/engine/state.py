@@ -12,8 +12,9 @@ events within a memory budget (`Budget`, `STATE_MEMORY_MB`), and its stored byte
 directory (shared by all Python workers of the machine) with its summary beside them, all keyed by the chunk's
 id and tag, so a batch reads from the state store only what no cache holds, and a summary dropped from memory is
 read again without the chunk's events. A tag names the write that made a chunk; a catalog
-never refers to a chunk by id alone, so a cache can be stale but never wrong. Chunks that long windows hold whole
-are folded into one summary (`Fold`), so that a batch's lookups follow the chunks written since, not the window.
+never refers to a chunk by id alone, so a cache can be stale but never wrong. Chunks that no merge will take again
+are folded in blocks of consecutive ones, each into one summary (`Fold`), so that a batch's lookups follow the
+blocks and the chunks of the few blocks its windows' starts cut, not every chunk the window holds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import count
 from typing import Protocol, TypeVar
@@ -41,10 +42,12 @@ from fraudrules.rules.model import COUNT_FIELDS, Rule
 MERGE_FANIN = 4  # this many similar-sized newest chunks are merged into one (each event is rewritten log4 n times)
 SIMILAR = 2  # sizes within this factor of the smallest are similar
 # events: bounds the merge work in one micro-batch (merging 500,000 cost up to ~1 s, which set the job's p99 latency);
-# bigger chunks are only dropped or rewritten, and long windows fold them (`Fold`)
+# chunks no merge takes again are only dropped or rewritten, and folded (`Fold`)
 MAX_MERGED = 150_000
-FOLD_MIN = 3  # chunks to fold at once (`Fold`): each folding sorts the fold's groups again
-FOLD_AHEAD = 4  # a chunk is folded when windows hold it whole for this many more micro-batches (`_fold_margin`)
+FOLD_MIN = 3  # settled chunks that start a block (`Fold`): each folding sorts the block's groups again
+# chunks a block holds at most: a window whose start cuts a block asks its chunks one by one, and a block is folded
+# again when one of its chunks goes (rewritten or dropped)
+FOLD_BLOCK = 8
 CACHE_ENV = "FRAUDRULES_STATE_CACHE"
 SUMMARY_PART = ".summary"  # a chunk's summary file in the local disk cache, beside its events' file
 STATE_MEMORY_MB = JobConfig.state_memory_mb  # chunk summaries and events a Python worker keeps in memory (`Budget`)
@@ -87,7 +90,11 @@ class Meta:
     chunks: list[Chunk] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """As `asdict` would give it, built by hand: `asdict` copied each of a long window's thousands of spans
+        through its generic recursion (14 ms a micro-batch for 530 chunks)."""
+        chunks = [{"id": c.id, "tag": c.tag, "n": c.n, "spans": [vars(s) for s in c.spans]} for c in self.chunks]
+        fields = {"token": self.token, "next_seq": self.next_seq, "next_chunk": self.next_chunk, "clock": self.clock}
+        return json.dumps({**fields, "chunks": chunks}, separators=(",", ":"))
 
     @staticmethod
     def from_json(text: str | None) -> Meta:
@@ -244,8 +251,9 @@ class Indexed:
         self.born = next(_BORN)
         self.summary: Summary | None = None
         self.detail: Detail | None = None
-        self.folded = False  # in its shard's `Fold`, which answers for it: its parts are the first to go
+        self.folded = False  # in one of its shard's blocks (`Fold`), which answers for it: its parts go first
         self.asked = False  # a micro-batch used its detail (a window cut it, a distinct count or a merge read it)
+        self.grown = True  # parts built or read since the budget measured it (a detail builds search arrays lazily)
         self.restore(ev)
 
     def restore(self, ev: Events) -> None:
@@ -325,11 +333,12 @@ SUMMARY_FIELDS = ("g", "h2", "size", "t_first", "t_last", "sums", "low", "high")
 
 @dataclass(eq=False)
 class Fold:
-    """Summaries of some of a shard's chunks folded into one, kept by the process across micro-batches (not in
-    the state store: it is built again from the chunks). Long windows hold most chunks' groups whole in every
-    window: a new event then gets all of them from one lookup of the fold, and the chunks it asks one by one are
-    those written since, not all the window holds. Chunks join it once every window of a micro-batch holds them
-    whole with time to spare; it is dropped when a chunk of it is gone or windows start to cut its chunks."""
+    """A block of a shard's consecutive settled chunks (`_settled`) with their summaries folded into one, kept by
+    the process across micro-batches (not in the state store: it is built again from the chunks). A window that
+    holds the block's events of a group whole, or misses them, gets them from one lookup of the block; only where
+    the window's start cuts them (or a reset hides some) are its chunks asked one by one. Chunks are in time order,
+    so each window's start cuts few blocks, whatever the window holds. A block is dropped when a chunk of it is
+    gone (rewritten without stopped rules, dropped or merged); its other chunks are folded again."""
 
     chunks: frozenset[tuple[int, str]]  # (id, tag) of the folded chunks
     first_id: int  # the lowest of their ids: a reset with a higher horizon hides events in some of them
@@ -381,29 +390,16 @@ class _Needles:
         return sel if self.at is None else self.at[sel]
 
     @cached_property
-    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each needle's run of equal groups (needles in time order), where each run starts and where it ends."""
+    def runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each needle's run of equal groups (needles in time order), and where each run starts."""
         run = group_starts(self.g, self.h2)
-        heads = np.flatnonzero(run)
-        return np.cumsum(run) - 1, heads, np.r_[heads[1:], len(run)] - 1
+        return np.cumsum(run) - 1, np.flatnonzero(run)
 
-    def run_groups(self, summary: Summary) -> np.ndarray:
-        """Each run's group number in the summary (-1: none, or a distinct count: not combinable)."""
-        _, heads, _ = self.runs
-        return np.where(self.plain[heads], summary.groups_of(self.g[heads], self.h2[heads]), -1)
-
-    def stay_whole(self, summary: Summary, runs: np.ndarray, chunk_id: int, margin: int) -> bool:
-        """Whether every window holds the summary's groups (`runs`: `run_groups`) whole with `margin` ms to spare
-        or misses them, before it, and no reset hides them: one test per run (its first needle's window starts
-        first and ends first, its last one's starts last)."""
-        _, heads, lasts = self.runs
-        present = runs >= 0
-        if (present & (self.horizon[heads] > chunk_id)).any():
-            return False
-        at = np.flatnonzero(present)
-        first, last = summary.t_first[runs[at]], summary.t_last[runs[at]]
-        spare = (first >= self.t_from[lasts[at]] + margin) & (last <= self.t_to[heads[at]])
-        return bool((spare | (last < self.t_from[heads[at]])).all())
+    def groups_in(self, summary: Summary) -> np.ndarray:
+        """Each needle's group number in the summary (-1: none, or a distinct count: not combinable), looked up
+        once per run."""
+        run, heads = self.runs
+        return np.where(self.plain[heads], summary.groups_of(self.g[heads], self.h2[heads]), -1)[run]
 
 
 class Detail:
@@ -500,7 +496,7 @@ def drop_cache(namespace: str) -> None:
 
 class Budget:
     """How many bytes of chunks this process keeps in memory, for all its shards. Beyond it, the parts of folded
-    chunks go first (their fold answers for them), then the per-event details no query has used (long windows hold
+    chunks go first (their block answers for them), then the per-event details no query has used (long windows hold
     the chunk's groups whole: only a merge may want them), then the other details, then per-group summaries, each
     time those read again before those held since their chunk was written, and the oldest first; a query that
     needs one again reads the chunk from the local disk cache. A chunk read again displaces only those first two
@@ -510,18 +506,25 @@ class Budget:
     def __init__(self, limit: int):
         self.limit = limit
         self.held: dict[int, tuple[Indexed, bool]] = {}  # born -> (chunk, held since written or first read)
+        # born -> bytes, as last measured: measuring every chunk at each trim cost more than the queries once a
+        # shard held hundreds of chunks
+        self.sizes: dict[int, int] = {}
 
     def hold(self, chunk: Indexed, resident: bool) -> None:
         self.held[chunk.born] = (chunk, resident)
+        chunk.grown = True
         self.trim(keep=chunk.born, displace=resident)
 
     def forget(self, chunk: Indexed) -> None:
         self.held.pop(chunk.born, None)
+        self.sizes.pop(chunk.born, None)
 
     def trim(self, keep: int = -1, displace: bool = True) -> None:
         """Drop parts of chunks until within the limit (`keep`: the chunk in use stays whole)."""
-        sizes = self._sizes()  # each chunk's bytes, measured once
+        sizes = self._sizes()
         total = sum(sizes.values())
+        if total <= self.limit:
+            return
         order = sorted(self.held.items(), key=lambda kv: (kv[1][1], kv[0]))
         folded = [entry for entry in order if entry[1][0].folded]
         idle = [entry for entry in order if not entry[1][0].asked]
@@ -535,12 +538,17 @@ class Budget:
                     before, sizes[born] = sizes[born], chunk.nbytes()
                     total -= before - sizes[born]
         self.held = {born: entry for born, entry in self.held.items() if sizes[born]}
+        self.sizes = {born: sizes[born] for born in self.held}
 
     def held_bytes(self) -> int:
         return sum(self._sizes().values())
 
     def _sizes(self) -> dict[int, int]:
-        return {born: chunk.nbytes() for born, (chunk, _) in self.held.items()}
+        """Each held chunk's bytes, measured again where its parts may have grown since."""
+        for born, (chunk, _) in self.held.items():
+            if chunk.grown or born not in self.sizes:
+                self.sizes[born], chunk.grown = chunk.nbytes(), False
+        return self.sizes
 
 
 BUDGET = Budget(STATE_MEMORY_MB << 20)
@@ -553,24 +561,29 @@ class Cache:
     def __init__(self, namespace: str, shard: int, root: str | None = None):
         self.dir = os.path.join(root or cache_root(), namespace, str(shard))
         self.loaded: dict[int, tuple[str, Indexed]] = {}
-        self._fold: Fold | None = None
+        self._blocks: list[Fold] = []
+        self._folded: frozenset[tuple[int, str]] = frozenset()
 
     @property
-    def fold(self) -> Fold | None:
-        return self._fold
+    def blocks(self) -> list[Fold]:
+        return self._blocks
 
-    @fold.setter
-    def fold(self, fold: Fold | None) -> None:
-        """The shard's fold; the chunks held say whether they are in it (`Indexed.folded`, for the budget)."""
-        self._fold = fold
+    @blocks.setter
+    def blocks(self, blocks: list[Fold]) -> None:
+        """The shard's folded blocks; the chunks held say whether they are in one (`Indexed.folded`, for the
+        budget)."""
+        self._blocks = blocks
+        self._folded = frozenset().union(*(b.chunks for b in blocks))
         for i, (tag, chunk) in self.loaded.items():
-            chunk.folded = self._folds(i, tag)
+            chunk.folded = (i, tag) in self._folded
 
-    def _folds(self, chunk_id: int, tag: str) -> bool:
-        return self._fold is not None and (chunk_id, tag) in self._fold.chunks
+    @property
+    def folded(self) -> frozenset[tuple[int, str]]:
+        """(id, tag) of the chunks in a block."""
+        return self._folded
 
     def _path(self, c: Chunk, part: str = "") -> str:
-        return os.path.join(self.dir, f"{c.id}-{c.tag}{part}.arrow")
+        return os.path.join(self.dir, _file_name(c.id, c.tag, part))
 
     def get(self, c: Chunk) -> Indexed | None:
         hit = self.loaded.get(c.id)
@@ -615,7 +628,7 @@ class Cache:
 
     def _hold(self, c: Chunk, ev: Events) -> Indexed:
         chunk = Indexed(ev)
-        chunk.folded = self._folds(c.id, c.tag)
+        chunk.folded = (c.id, c.tag) in self._folded
         self.write_summary(c, chunk.summary)
         if (old := self.loaded.get(c.id)) is not None:
             BUDGET.forget(old[1])
@@ -626,18 +639,22 @@ class Cache:
     def retain(self, chunks: Iterable[Chunk]) -> None:
         """Forget chunks that are no longer part of the shard."""
         live = {(c.id, c.tag) for c in chunks}
-        if self.fold is not None and not self.fold.chunks <= live:
-            self.fold = None
+        if not self._folded <= live:
+            self.blocks = [b for b in self.blocks if b.chunks <= live]
         for i, (tag, chunk) in list(self.loaded.items()):
             if (i, tag) not in live:
                 BUDGET.forget(chunk)
                 del self.loaded[i]
         BUDGET.trim()
-        names = {os.path.basename(self._path(c, part)) for c in chunks for part in ("", SUMMARY_PART)}
+        names = {_file_name(i, tag, part) for i, tag in live for part in ("", SUMMARY_PART)}
         for name in os.listdir(self.dir) if os.path.isdir(self.dir) else ():
             if name not in names and name.endswith(".arrow"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(self.dir, name))
+
+
+def _file_name(chunk_id: int, tag: str, part: str) -> str:
+    return f"{chunk_id}-{tag}{part}.arrow"
 
 
 _CACHES: dict[tuple[str, int], Cache] = {}
@@ -702,7 +719,7 @@ class ShardEvents:
 
     def _detail(self, c: Chunk) -> Detail:
         chunk = self.parts[c.id]
-        chunk.asked = True
+        chunk.asked = chunk.grown = True
         return chunk.detail or self._chunk(c).detail
 
     def clear(self) -> None:
@@ -712,10 +729,11 @@ class ShardEvents:
         self.meta.chunks, self.resets = [], Resets.empty()
 
     def base(self, new: Events, rules: dict[int, Rule]) -> Base:
-        """What the retained events contribute to each new event's window: range queries per chunk, cost
-        O(new events × chunks × log n) whatever the windows hold, or one query of the shard's `Fold` for its
-        chunks. Distinct counts are not combinable: their new events get nothing here (see `gather`). The queries
-        run in (group, time) order: sorted needles make the binary searches cache-friendly."""
+        """What the retained events contribute to each new event's window: range queries per block (`Fold`) of
+        settled chunks, per chunk of the blocks a window's start cuts, and per chunk outside blocks, each
+        O(new events × log n) whatever the windows hold. Distinct counts are not combinable: their new events get
+        nothing here (see `gather`). The queries run in (group, time) order: sorted needles make the binary
+        searches cache-friendly."""
         order = np.lexsort((new.t, new.g))
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
@@ -723,28 +741,52 @@ class ShardEvents:
 
     def _base(self, needles: _Needles) -> Base:
         out = Base.zeros(len(needles))
-        fold = self._fold()
-        in_fold = fold.chunks if fold is not None else frozenset()
-        folded = [c for c in self.meta.chunks if (c.id, c.tag) in in_fold]
-        if fold is not None:
-            rest = needles.take(_ask_fold(out, needles, fold))
-            for c in folded if len(rest) else ():  # needles the fold cannot answer ask its chunks one by one
-                self._ask(out, rest, c, margin=-1)
-            if len(rest) > len(needles) - len(rest):  # windows now cut its chunks: fold again later
-                fold = self.cache.fold = None
-        margin = _fold_margin(needles)
-        loose = [c for c in self.meta.chunks if (c.id, c.tag) not in in_fold]
-        settled = [c for c in loose if self._ask(out, needles, c, margin if _settled(c) else -1)]
-        if len(settled) >= FOLD_MIN:
-            self.cache.fold = self._folded(fold, settled)
+        blocks = self._blocks()
+        by_key = {(c.id, c.tag): c for c in self.meta.chunks}
+        for block in blocks:
+            rest = needles.take(_ask_fold(out, needles, block))
+            for key in block.chunks if len(rest) else ():  # windows that cut the block ask its chunks one by one
+                self._ask(out, rest, by_key[key])
+        folded = self.cache.folded
+        for c in self.meta.chunks:
+            if (c.id, c.tag) not in folded:
+                self._ask(out, needles, c)
+        self.cache.blocks = self._grown(blocks)
         return out
 
-    def _fold(self) -> Fold | None:
-        """The process's fold of this shard's chunks, if all its chunks are still the shard's."""
-        fold = self.cache.fold
-        if fold is not None and not fold.chunks <= {(c.id, c.tag) for c in self.meta.chunks}:
-            fold = self.cache.fold = None
-        return fold
+    def _blocks(self) -> list[Fold]:
+        """The process's blocks of this shard's chunks whose chunks are all still the shard's."""
+        live = {(c.id, c.tag) for c in self.meta.chunks}
+        blocks = self.cache.blocks
+        if not all(b.chunks <= live for b in blocks):
+            blocks = self.cache.blocks = [b for b in blocks if b.chunks <= live]
+        return blocks
+
+    def _grown(self, blocks: list[Fold]) -> list[Fold]:
+        """`blocks` with the settled chunks outside them folded in: a run of consecutive ones joins the block
+        right before it while that holds fewer than FOLD_BLOCK chunks, else starts blocks of FOLD_BLOCK (of at
+        least FOLD_MIN: fewer wait for more)."""
+        settled = _settled(self.meta.chunks)
+        owner = {key: b for b in blocks for key in b.chunks}
+        runs: list[tuple[Fold | None, list[Chunk]]] = []  # (block or None, the chunks that join it), in order
+        for c in self.meta.chunks:
+            key = (c.id, c.tag)
+            if key in owner:
+                if not runs or runs[-1][0] is not owner[key]:
+                    runs.append((owner[key], []))
+            elif c.id not in settled:
+                runs.append((None, []))  # a chunk that stays loose ends the run
+            elif runs and len(runs[-1][0].chunks if runs[-1][0] else ()) + len(runs[-1][1]) < FOLD_BLOCK:
+                runs[-1][1].append(c)
+            else:
+                runs.append((None, [c]))
+        grown = []
+        for block, chunks in runs:
+            if chunks and (block is not None or len(chunks) >= FOLD_MIN):
+                grown.append(self._folded(block, chunks))
+            elif block is not None:
+                grown.append(block)
+        return grown
 
     def _folded(self, fold: Fold | None, chunks: list[Chunk]) -> Fold:
         """`fold` (if any) with `chunks` folded in."""
@@ -753,13 +795,10 @@ class ShardEvents:
         first = min([c.id for c in chunks] + ([fold.first_id] if fold else []))
         return Fold(keys, first, fold_summaries(parts))
 
-    def _ask(self, out: Base, needles: _Needles, c: Chunk, margin: int) -> bool:
-        """Add what chunk `c` holds of each needle's window to `out`. True when the chunk is worth folding: every
-        needle's window holds its group's events in the chunk whole with `margin` ms to spare (or misses them
-        all, before it), and no reset hides them; a negative `margin`: not asked."""
+    def _ask(self, out: Base, needles: _Needles, c: Chunk) -> None:
+        """Add what chunk `c` holds of each needle's window to `out`."""
         chunk = self._summary(c)
-        runs = needles.run_groups(chunk)
-        q = np.where(needles.horizon <= c.id, runs[needles.runs[0]], -1)
+        q = np.where(needles.horizon <= c.id, needles.groups_in(chunk), -1)
         at = np.maximum(q, 0)
         first, last = chunk.t_first[at], chunk.t_last[at]
         inside = (first >= needles.t_from) & (last <= needles.t_to)  # the window holds the group's events
@@ -774,7 +813,6 @@ class ShardEvents:
                 sel = np.flatnonzero(wanted[cut] & (hi > lo))
                 if len(sel):
                     _extreme_into(out, name, needles.rows(cut[sel]), detail.extreme(name, lo[sel], hi[sel]))
-        return margin >= 0 and not len(cut) and needles.stay_whole(chunk, runs, c.id, margin)
 
     def gather(self, g: np.ndarray) -> Events:
         """Every retained event of the groups whose hash `g` is among the given ones."""
@@ -886,32 +924,29 @@ def _add_groups(out: Base, needles: _Needles, sel: np.ndarray, summary: Summary,
 
 
 def _ask_fold(out: Base, needles: _Needles, fold: Fold) -> np.ndarray:
-    """Add the fold's groups to the needles whose windows hold them whole (no reset hiding any of its chunks);
-    return the needles whose windows cut them, which must ask the folded chunks one by one."""
-    q = needles.run_groups(fold.summary)[needles.runs[0]]
+    """Add the block's groups to the needles whose windows hold them whole (no reset hiding any of its chunks);
+    return the needles whose windows cut them, which must ask the block's chunks one by one."""
+    q = needles.groups_in(fold.summary)
     at = np.maximum(q, 0)
     first, last = fold.summary.t_first[at], fold.summary.t_last[at]
     inside = (first >= needles.t_from) & (last <= needles.t_to)
-    missed = (last < needles.t_from) | (first > needles.t_to)  # in none of the folded chunks either
+    missed = (last < needles.t_from) | (first > needles.t_to)  # in none of the block's chunks either
     whole = (q >= 0) & inside & (needles.horizon <= fold.first_id)
     _add_groups(out, needles, np.flatnonzero(whole), fold.summary, q)
     return np.flatnonzero((q >= 0) & ~whole & ~missed)
 
 
-def _fold_margin(needles: _Needles) -> int:
-    """Event time a chunk must stay whole in the windows for to be folded: FOLD_AHEAD micro-batches like this
-    one, and at least a FOLD_AHEAD-th of the shortest window, so that a fold serves many micro-batches before a
-    window's start reaches its chunks (then it is dropped and its chunks folded again)."""
-    if len(needles) == 0:
-        return 0
-    span = int(needles.t_to.max() - needles.t_to.min())
-    return max(FOLD_AHEAD * span, int((needles.t_to - needles.t_from).min()) // FOLD_AHEAD)
-
-
-def _settled(c: Chunk) -> bool:
-    """Too big to be merged again (`_similar_tail`: MERGE_FANIN chunks within SIMILAR of the smallest, at most
-    MAX_MERGED in all): a merge would give the fold a chunk that is gone."""
-    return c.n * (SIMILAR + MERGE_FANIN - 1) > MAX_MERGED * SIMILAR
+def _settled(chunks: list[Chunk]) -> set[int]:
+    """Ids of the chunks no merge takes again (a merge would drop the block holding one). A merge takes a run of
+    the newest chunks (`_similar_tail`: MERGE_FANIN within SIMILAR of the smallest, at most MAX_MERGED events in
+    all), so neither a chunk too big for any such run nor one that the newer chunks after it outweigh: those only
+    grow while events stay in their windows."""
+    settled, newer = set(), 0
+    for c in reversed(chunks):
+        newer += c.n
+        if newer > MAX_MERGED or c.n * (SIMILAR + MERGE_FANIN - 1) > MAX_MERGED * SIMILAR:
+            settled.add(c.id)
+    return settled
 
 
 def fold_summaries(parts: list[Summary]) -> Summary:
