@@ -50,6 +50,10 @@ def local_catalog_options(folder: str) -> dict[str, str]:
     }
 
 
+# how long a query's stop() waits for its stream thread (`spark.sql.streaming.stopTimeout`, set below)
+STOP_TIMEOUT_MS = 120_000
+
+
 def get_spark(
     app: str = "fraudrules",
     shuffle_partitions: int = JobConfig.shuffle_partitions,
@@ -124,6 +128,9 @@ def get_spark(
         spark.sparkContext.setLogLevel(logs.level())
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    # A query's stop() waits for its stream thread, by default for ever: one stuck in a task (a Python worker that
+    # does not answer) would hold the job's stop, and a restart, up for good. After this it raises instead.
+    spark.conf.set("spark.sql.streaming.stopTimeout", str(STOP_TIMEOUT_MS))
     return spark
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fraudrules.config import EVALUATE_QUERY, QUERIES, RULES_QUERY, JobConfig
-from fraudrules.engine.job import STATEFUL, check_sources, discard_unstarted, trigger_seconds
+from fraudrules.engine.job import STATEFUL, Job, check_sources, discard_unstarted, trigger_seconds
 from fraudrules.event_schema import SchemaError
 
 
@@ -69,3 +69,29 @@ def test_login_detection_cannot_change_on_a_checkpoint_that_has_run(tmp_path):
     check_sources(off)
     with pytest.raises(SchemaError, match="was started with login detection off"):
         check_sources(on)
+
+
+class _Query:
+    def __init__(self, stuck: bool = False):
+        self.isActive, self.status, self.stuck = True, {"isTriggerActive": False}, stuck
+
+    def stop(self) -> None:
+        if self.stuck:
+            raise TimeoutError("Stream Execution thread failed to stop within 120000 milliseconds")
+        self.isActive = False
+
+
+class _Committer:
+    stopped = False
+
+    def stop(self, failed: bool = False) -> None:
+        self.stopped = True
+
+
+def test_a_query_that_does_not_stop_in_time_leaves_the_others_stopped_and_the_committers_ended():
+    """Spark's stopTimeout ends the wait for a stuck stream thread: the job still stops its other queries and ends
+    its committers, then says which one did not stop."""
+    stuck, other, committer = _Query(stuck=True), _Query(), _Committer()
+    with pytest.raises(TimeoutError, match="failed to stop"):
+        Job({"evaluate": stuck, "ingest": other}, [committer]).stop(drain_s=0)
+    assert not other.isActive and committer.stopped

@@ -197,13 +197,18 @@ class Job:
         if failed:
             self._end_committers(failed)
         deadline = time.monotonic() + drain_s
+        stuck = []
         for q in self.queries:
             while q.isActive and q.status["isTriggerActive"] and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if q.isActive:
+            try:
                 q.stop()
+            except Exception as error:  # its stream thread did not end within the session's stopTimeout
+                stuck.append(error)
         if not failed:
             self._end_committers(failed)
+        if stuck:  # the other queries are stopped and the committers ended first
+            raise stuck[0]
 
     def _end_committers(self, failed: bool) -> None:
         for c in self.committers:
