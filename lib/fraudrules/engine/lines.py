@@ -43,6 +43,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from fraudrules.engine import spark_compat
+
 NAME = "fraudrules_lines"
 SCHEMA = "value binary, srcTime long, srcName string, srcPos long"
 START = {"file": 0, "byte": 0, "line": 0}
@@ -484,9 +486,11 @@ _registering = threading.Lock()
 def register(spark: SparkSession) -> None:
     """Make the source known to the session (`spark.readStream.format(NAME)`); registering again is harmless, but
     not from two threads at once: Spark checks that the name is free, then registers (`job.warm_up` registers in a
-    thread while the queries are built)."""
+    thread while the queries are built). Its environment gets the keys its streaming runners put
+    (`spark_compat.settle_source_env`): their puts would otherwise race the serialization of another query's tasks."""
     with _registering:
         spark.dataSource.register(LinesSource)
+        spark_compat.settle_source_env(spark, NAME)
 
 
 class LinesSource(DataSource):

@@ -1,0 +1,45 @@
+"""Spark's JVM internals the job reaches through py4j, each guarded: on a Spark that moved one, the job goes on
+without the workaround, and a test names what moved (`tests/integration/test_spark_compat.py`).
+
+A Python data source's envVars race (Spark 4.2). Every function of a registered Python data source carries the
+same `java.util.HashMap` of environment variables, its class's: the read tasks of every query on it, and the
+driver's streaming-source runner, whose `PythonStreamingSourceRunner.init` puts SPARK_LOCAL_DIRS,
+SPARK_AUTH_SOCKET_TIMEOUT and SPARK_BUFFER_SIZE into that very map. When one query's runner starts while the
+scheduler serializes another query's task, the map grows under the serializer: the task carries more entries than
+its count says and cannot be read back (`java.io.OptionalDataException` at `HashMap.readObject`, in about one
+backtest in eight, which reads transactions and logins through two queries of the source). With the three keys
+already there, the runner's puts only replace values, with the same values: the map no longer changes shape.
+"""
+
+from __future__ import annotations
+
+from py4j.protocol import Py4JError
+from pyspark.sql import SparkSession
+
+RUNNER_ENV = ("SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE")
+
+
+def runner_env(spark: SparkSession) -> dict[str, str]:
+    """What `PythonStreamingSourceRunner.init` puts, computed as it does: the block manager's local folders, the
+    Python socket timeout in seconds, the buffer size."""
+    jvm, conf = spark.sparkContext._jvm, spark.sparkContext.getConf()
+    env = jvm.org.apache.spark.SparkEnv.get()  # type: ignore[union-attr]
+    folders = ",".join(str(f.getPath()) for f in env.blockManager().diskBlockManager().localDirs())
+    timeout = jvm.org.apache.spark.network.util.JavaUtils.timeStringAsSec(  # type: ignore[union-attr]
+        conf.get("spark.python.authenticate.socketTimeout", "15s")
+    )
+    return dict(zip(RUNNER_ENV, (folders, str(timeout), conf.get("spark.buffer.size", "65536")), strict=True))
+
+
+def settle_source_env(spark: SparkSession, name: str) -> bool:
+    """Put `RUNNER_ENV` into the registered Python data source `name`'s environment before any query on it starts
+    (see the module's docstring). False where this Spark does not have the internals it reaches for."""
+    try:
+        source = spark._jsparkSession.sessionState().dataSourceManager().lookupDataSource(name)  # type: ignore[union-attr]
+        env_vars = source.dataSourceCls().envVars()
+        for key, value in runner_env(spark).items():
+            if not env_vars.containsKey(key):
+                env_vars.put(key, value)
+    except Py4JError:
+        return False
+    return True
