@@ -169,7 +169,42 @@ def test_settled_chunks_are_those_no_merge_takes_again():
     sizes = [40_000, 40_000, 40_000, 40_000, 10_000, 2_500]
     assert state._settled([Chunk(i, "t", n, []) for i, n in enumerate(sizes)]) == {0}
     assert state._settled([Chunk(i, "t", n, []) for i, n in enumerate([40_000] * 6)]) == {0, 1, 2}
-    assert state._settled([Chunk(0, "t", 70_000, []), Chunk(1, "t", 100, [])]) == {0}  # too big to merge
+    assert state._settled([Chunk(0, "t", 90_000, []), Chunk(1, "t", 100, [])]) == {0}  # too big for any run
+    # 70,000 + 40,000 + 20,000 + 10,000 newer ones would be a run (each within twice the smallest newer one)
+    assert state._settled([Chunk(0, "t", 70_000, []), Chunk(1, "t", 100, [])]) == set()
+
+
+def test_no_merge_ever_takes_a_chunk_called_settled():
+    """Chunk sizes as batches append them and merges combine them (no event leaving a window): whatever comes
+    next, no merge run holds a chunk that `_settled` named before."""
+    rng = np.random.default_rng(29)
+    for _ in range(200):
+        chunks = [Chunk(i, "t", int(n), []) for i, n in enumerate(rng.integers(1, 90_000, rng.integers(1, 8)))]
+        settled, next_id = state._settled(chunks), len(chunks)
+        for n in rng.integers(1, 50_000, 40):
+            chunks.append(Chunk(next_id, "t", int(n), []))
+            next_id += 1
+            while (run := state._similar_tail(chunks)) >= state.MERGE_FANIN:
+                assert not {c.id for c in chunks[-run:]} & settled, [c.n for c in chunks]
+                chunks[-run:] = [Chunk(next_id, "t", sum(c.n for c in chunks[-run:]), [])]
+                next_id += 1
+
+
+def test_the_budget_counts_the_search_arrays_a_detail_read_again_builds(tmp_path, monkeypatch):
+    """The budget measures a chunk again only when its parts may have grown: a detail dropped, read again for a
+    window that cuts it, then given its search arrays (keys, prefix sums, segment trees) is measured with them."""
+    monkeypatch.setattr(state.BUDGET, "limit", 1 << 30)
+    rng = np.random.default_rng(31)
+    store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
+    for b in range(3):
+        store.append(_ruled(rng, 300, [1, 2, 3], (b * 4 * MIN, (b + 1) * 4 * MIN), b * 300, False), KEEP_ALL)
+    for c in store.meta.chunks:  # dropped, and measured without them, as the budget does
+        store.parts[c.id].detail, store.parts[c.id].grown = None, True
+    store.base(_ruled(rng, 100, [1, 2], (12 * MIN, 13 * MIN), 5_000, False), RULES)  # one- and ten-minute windows
+    state.BUDGET.trim()
+    held = [store.parts[c.id] for c in store.meta.chunks]
+    assert any(chunk.detail is not None and "key" in chunk.detail.__dict__ for chunk in held)
+    assert [state.BUDGET.sizes[chunk.born] for chunk in held] == [chunk.nbytes() for chunk in held]
 
 
 def test_a_chunk_counts_the_group_sizes_its_summary_shares_with_its_detail_once():

@@ -247,6 +247,26 @@ def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
     assert got_late == ref_late
 
 
+@examples(100)
+@given(workloads(), st.integers(0, 2 * MIN), st.integers(0, 10), st.randoms(use_true_random=False))
+def test_matches_reference_when_merged_chunks_are_folded_and_a_rule_stops(workload, lateness, stop_at, rnd):
+    """Small merges (at most 6 events): chunks settle once the newer ones outweigh them and fold in blocks of
+    two, while merges go on at the tail; from batch `stop_at` the first rule is gone, its events are dropped from
+    chunks (rewritten) and blocks holding them are folded again."""
+    batches, rules = workload
+    for b in batches:
+        rnd.shuffle(b)
+    per_batch = [rules if i < stop_at else rules[1:] for i in range(len(batches))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(state, "MAX_MERGED", 6)
+        patch.setattr(state, "FOLD_MIN", 1)
+        patch.setattr(state, "FOLD_BLOCK", 2)
+        got_alerts, got_late = Engine(lateness, 2).run(batches, per_batch)
+    ref_alerts, ref_late = reference.run(batches, per_batch, lateness_ms=lateness)
+    _assert_same(got_alerts, ref_alerts)
+    assert got_late == ref_late
+
+
 def test_long_stream_keeps_state_bounded_and_results_exact():
     """Hours of events against 1- and 3-minute windows: retained state stays near one window's worth."""
     rules = [

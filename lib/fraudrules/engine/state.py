@@ -260,6 +260,7 @@ class Indexed:
         """What was dropped, built again from the chunk's events."""
         self.detail = self.detail or Detail(ev)
         self.summary = self.summary or Summary.of(self.detail)
+        self.grown = True
 
     def nbytes(self) -> int:
         """Bytes of the parts held, each array once (a summary built from the detail shares its group sizes)."""
@@ -719,8 +720,10 @@ class ShardEvents:
 
     def _detail(self, c: Chunk) -> Detail:
         chunk = self.parts[c.id]
+        detail = chunk.detail or self._chunk(c).detail
+        # after the budget measured a detail read again (`_chunk`): the caller builds its search arrays next
         chunk.asked = chunk.grown = True
-        return chunk.detail or self._chunk(c).detail
+        return detail
 
     def clear(self) -> None:
         """Forget every retained event (CLEAR_STATE_ALL)."""
@@ -771,8 +774,8 @@ class ShardEvents:
         runs: list[tuple[Fold | None, list[Chunk]]] = []  # (block or None, the chunks that join it), in order
         for c in self.meta.chunks:
             key = (c.id, c.tag)
-            if key in owner:
-                if not runs or runs[-1][0] is not owner[key]:
+            if key in owner:  # a block's chunks are consecutive: chunks keep their order, merges take the newest
+                if not any(block is owner[key] for block, _ in runs):
                     runs.append((owner[key], []))
             elif c.id not in settled:
                 runs.append((None, []))  # a chunk that stays loose ends the run
@@ -937,14 +940,17 @@ def _ask_fold(out: Base, needles: _Needles, fold: Fold) -> np.ndarray:
 
 
 def _settled(chunks: list[Chunk]) -> set[int]:
-    """Ids of the chunks no merge takes again (a merge would drop the block holding one). A merge takes a run of
-    the newest chunks (`_similar_tail`: MERGE_FANIN within SIMILAR of the smallest, at most MAX_MERGED events in
-    all), so neither a chunk too big for any such run nor one that the newer chunks after it outweigh: those only
-    grow while events stay in their windows."""
+    """Ids of the chunks that no merge takes while the newer chunks keep their events (a merge drops the block
+    holding one: slower, never wrong). A merge takes a run of the newest chunks (`_similar_tail`: MERGE_FANIN of
+    them, each within SIMILAR of the smallest newer one, at most MAX_MERGED events in all), so neither a chunk
+    that the newer chunks after it outweigh, nor one too big for any such run: in the smallest run holding a chunk
+    of n events, each newer member may be a SIMILAR-th of the one before, n × (1 + 1/2 + 1/4 + 1/8) in all. Newer
+    chunks lose events only when their rules' windows pass them or rules change."""
+    smallest_run = sum(SIMILAR**-k for k in range(MERGE_FANIN))
     settled, newer = set(), 0
     for c in reversed(chunks):
         newer += c.n
-        if newer > MAX_MERGED or c.n * (SIMILAR + MERGE_FANIN - 1) > MAX_MERGED * SIMILAR:
+        if newer > MAX_MERGED or c.n * smallest_run > MAX_MERGED:
             settled.add(c.id)
     return settled
 
