@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
 
@@ -251,12 +252,13 @@ def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
 @given(workloads(), st.integers(0, 2 * MIN), st.integers(0, 10), st.randoms(use_true_random=False))
 def test_matches_reference_when_merged_chunks_are_folded_and_a_rule_stops(workload, lateness, stop_at, rnd):
     """Small merges (at most 6 events): chunks settle once the newer ones outweigh them and fold in blocks of
-    two, while merges go on at the tail; from batch `stop_at` the first rule is gone, its events are dropped from
-    chunks (rewritten) and blocks holding them are folded again."""
+    two, while merges go on at the tail; from batch `stop_at` the first rule is paused, its events are dropped
+    from chunks (rewritten) and blocks holding them are folded again."""
     batches, rules = workload
     for b in batches:
         rnd.shuffle(b)
-    per_batch = [rules if i < stop_at else rules[1:] for i in range(len(batches))]
+    paused = [replace(rules[0], state="PAUSE"), *rules[1:]]
+    per_batch = [rules if i < stop_at else paused for i in range(len(batches))]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(state, "MAX_MERGED", 6)
         patch.setattr(state, "FOLD_MIN", 1)

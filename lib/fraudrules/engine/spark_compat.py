@@ -4,11 +4,12 @@ without the workaround, and a test names what moved (`tests/integration/test_spa
 A Python data source's envVars race (Spark 4.2). Every function of a registered Python data source carries the
 same `java.util.HashMap` of environment variables, its class's: the read tasks of every query on it, and the
 driver's streaming-source runner, whose `PythonStreamingSourceRunner.init` puts SPARK_LOCAL_DIRS,
-SPARK_AUTH_SOCKET_TIMEOUT and SPARK_BUFFER_SIZE into that very map. When one query's runner starts while the
-scheduler serializes another query's task, the map grows under the serializer: the task carries more entries than
-its count says and cannot be read back (`java.io.OptionalDataException` at `HashMap.readObject`, in about one
-backtest in eight, which reads transactions and logins through two queries of the source). With the three keys
-already there, the runner's puts only replace values, with the same values: the map no longer changes shape.
+SPARK_AUTH_SOCKET_TIMEOUT, SPARK_BUFFER_SIZE and SPARK_PYTHON_RUNTIME into that very map. When one query's
+runner starts while the scheduler serializes another query's task, the map grows under the serializer: the task
+carries other entries than its count says and cannot be read back (`java.io.OptionalDataException` at
+`HashMap.readObject`, in about one backtest in eight, which reads transactions and logins through two queries of
+the source). With the keys already there, the runner's puts only replace values, with the same values: the map no
+longer changes shape.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from __future__ import annotations
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
-RUNNER_ENV = ("SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE")
+RUNNER_ENV = ("SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "SPARK_PYTHON_RUNTIME")
 
 
 def runner_env(spark: SparkSession) -> dict[str, str]:
     """What `PythonStreamingSourceRunner.init` puts, computed as it does: the block manager's local folders, the
-    Python socket timeout in seconds, the buffer size."""
+    Python socket timeout in seconds, the buffer size, the kind of Python process."""
     jvm, conf = spark.sparkContext._jvm, spark.sparkContext.getConf()
     env = jvm.org.apache.spark.SparkEnv.get()  # type: ignore[union-attr]
     folders = ",".join(str(f.getPath()) for f in env.blockManager().diskBlockManager().localDirs())
     timeout = jvm.org.apache.spark.network.util.JavaUtils.timeStringAsSec(  # type: ignore[union-attr]
         conf.get("spark.python.authenticate.socketTimeout", "15s")
     )
-    return dict(zip(RUNNER_ENV, (folders, str(timeout), conf.get("spark.buffer.size", "65536")), strict=True))
+    values = (folders, str(timeout), conf.get("spark.buffer.size", "65536"), "PYTHON_WORKER")
+    return dict(zip(RUNNER_ENV, values, strict=True))
 
 
 def settle_source_env(spark: SparkSession, name: str) -> bool:
