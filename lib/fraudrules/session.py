@@ -79,6 +79,7 @@ def get_spark(
     else:
         from fraudrules import local_runtime
 
+        memory = local_runtime.driver_memory(short_lived, heap)
         master = os.environ.get("FRAUDRULES_MASTER", "local[2]")
         builder = (
             SparkSession.builder.master(master)
@@ -86,7 +87,7 @@ def get_spark(
             .config("spark.jars", ",".join(local_jars()))
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            .config("spark.driver.memory", local_runtime.driver_memory(short_lived, heap))
+            .config("spark.driver.memory", memory)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -105,12 +106,7 @@ def get_spark(
             # quiet from its first line
             .config(
                 "spark.driver.extraJavaOptions",
-                local_runtime.jvm_options(
-                    short_lived,
-                    catalog,
-                    tiered_jit,
-                    local_runtime.driver_memory(short_lived, heap) if fixed_heap else None,
-                ),
+                local_runtime.jvm_options(short_lived, catalog, tiered_jit, memory if fixed_heap else None),
             )
         )
         for key, value in local_catalog_options(catalog).items() if catalog else ():
@@ -119,7 +115,7 @@ def get_spark(
         if new_jvm:  # a class path and a heap are the JVM's from its launch: only for a new one
             for key, value in local_runtime.local_fs_options(master).items():
                 builder = builder.config(key, value)
-            local_runtime.launched(local_runtime.driver_memory(short_lived, heap))
+            local_runtime.launched(memory)
             local_runtime.malloc_env()
         with logs.launching_jvm() if new_jvm else contextlib.nullcontext():
             spark = builder.getOrCreate()

@@ -583,6 +583,12 @@ class Cache:
         """(id, tag) of the chunks in a block."""
         return self._folded
 
+    def keep_blocks_of(self, live: set[tuple[int, str]]) -> set[tuple[int, str]]:
+        """Drop the blocks holding a chunk that is not among `live` (the shard's (id, tag)); returns `live`."""
+        if not self._folded <= live:
+            self.blocks = [b for b in self._blocks if b.chunks <= live]
+        return live
+
     def _path(self, c: Chunk, part: str = "") -> str:
         return os.path.join(self.dir, _file_name(c.id, c.tag, part))
 
@@ -639,9 +645,7 @@ class Cache:
 
     def retain(self, chunks: Iterable[Chunk]) -> None:
         """Forget chunks that are no longer part of the shard."""
-        live = {(c.id, c.tag) for c in chunks}
-        if not self._folded <= live:
-            self.blocks = [b for b in self.blocks if b.chunks <= live]
+        live = self.keep_blocks_of({(c.id, c.tag) for c in chunks})
         for i, (tag, chunk) in list(self.loaded.items()):
             if (i, tag) not in live:
                 BUDGET.forget(chunk)
@@ -759,11 +763,8 @@ class ShardEvents:
 
     def _blocks(self) -> list[Fold]:
         """The process's blocks of this shard's chunks whose chunks are all still the shard's."""
-        live = {(c.id, c.tag) for c in self.meta.chunks}
-        blocks = self.cache.blocks
-        if not all(b.chunks <= live for b in blocks):
-            blocks = self.cache.blocks = [b for b in blocks if b.chunks <= live]
-        return blocks
+        self.cache.keep_blocks_of({(c.id, c.tag) for c in self.meta.chunks})
+        return self.cache.blocks
 
     def _grown(self, blocks: list[Fold]) -> list[Fold]:
         """`blocks` with the settled chunks outside them folded in: a run of consecutive ones joins the block
