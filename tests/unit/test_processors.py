@@ -19,6 +19,7 @@ from fraudrules.engine.evaluation import LATE_REASON
 from fraudrules.engine.logins import decode_sequences
 from fraudrules.engine.processors import Detectors
 from fraudrules.engine.shard_values import LEGACY, VALUE, ShardValues
+from fraudrules.engine.state import cache as state_cache
 from fraudrules.rules.model import parse_rule
 from tests.support.harness import (
     RuleStream,
@@ -129,7 +130,7 @@ def test_rules_processor_reads_the_state_back_on_a_fresh_worker(tmp_path, monkey
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path / "one"))
     t, stream = in_memory(rules_processor("fresh")), RuleStream()
     t.testInPandas(SHARD, rows(stream, [tx(1, 1_000)], 0, [COUNT]))
-    shard_state._CACHES.clear()  # another process, another machine: no cache of any kind
+    state_cache._CACHES.clear()  # another process, another machine: no cache of any kind
     monkeypatch.setenv(shard_state.CACHE_ENV, str(tmp_path / "two"))
     out = t.testInPandas(SHARD, rows(stream, [tx(2, 2_000)], 1))
     assert list(out[out["kind"] == "alert"]["transactionId"]) == [2]
@@ -283,7 +284,7 @@ def test_a_shard_of_state_layout_1_goes_on_from_its_six_variables_moved_into_the
     )
     writer = both("layout-1-writer")
     writer.testInPandas(SHARD, first)
-    shard_state._CACHES.clear()  # the chunks come from the map state, as on a restarted cluster
+    state_cache._CACHES.clear()  # the chunks come from the map state, as on a restarted cluster
     reader = in_memory(
         Detectors(lateness_ms=MIN, labels=[SHARD], namespace="layout-1-reader", detect_logins=True, legacy=True)
     )

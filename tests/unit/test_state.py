@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fraudrules.engine import state
-from fraudrules.engine.state import Bounds, Budget, Cache, Chunk, Indexed, Meta, Resets, ShardEvents, Span
+from fraudrules.engine.state import Bounds, Budget, Cache, Chunk, Indexed, Meta, Resets, ShardEvents, Span, policy
 from fraudrules.engine.windowing import I64_MAX, I64_MIN, Events
 from tests.support.harness import MemoryBackend, rule
 
@@ -100,7 +100,7 @@ def test_a_fold_of_chunks_answers_as_the_chunks_do_whatever_the_windows_cut(tmp_
     """A batch folds six settled chunks into a block; a seventh chunk comes; the next batch's windows, of a minute,
     ten minutes and a day, hold the block's groups whole, cut them or miss them, and a reset hides the folded
     chunks' events of one group: every new event gets what a scan of the retained events it can see gives."""
-    monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
+    monkeypatch.setattr(policy, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
     rng = np.random.default_rng(17)
     store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
     old = []
@@ -124,7 +124,7 @@ def test_a_window_start_asks_the_chunks_of_the_block_it_cuts_only(tmp_path, monk
     """Twenty settled chunks of four minutes each fold into blocks of eight, eight and four. Ten-minute windows
     start in the last block: only its chunks are asked one by one, and the answers are a scan's. The oldest chunk
     goes: its block is dropped and its seven other chunks fold again."""
-    monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled
+    monkeypatch.setattr(policy, "MAX_MERGED", 100)  # chunks of 300 events count as settled
     rng = np.random.default_rng(19)
     store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
     old = [_events(rng, 300, [2], (b * 4 * MIN, (b + 1) * 4 * MIN), b * 300, np.arange(9)) for b in range(20)]
@@ -167,11 +167,11 @@ def test_settled_chunks_are_those_no_merge_takes_again():
     it outweigh, or too big for any run, stays: the soak's chunks of 40,000 (four of them pass 150,000) once newer
     ones outweigh them."""
     sizes = [40_000, 40_000, 40_000, 40_000, 10_000, 2_500]
-    assert state._settled([Chunk(i, "t", n, []) for i, n in enumerate(sizes)]) == {0}
-    assert state._settled([Chunk(i, "t", n, []) for i, n in enumerate([40_000] * 6)]) == {0, 1, 2}
-    assert state._settled([Chunk(0, "t", 90_000, []), Chunk(1, "t", 100, [])]) == {0}  # too big for any run
+    assert policy.settled([Chunk(i, "t", n, []) for i, n in enumerate(sizes)]) == {0}
+    assert policy.settled([Chunk(i, "t", n, []) for i, n in enumerate([40_000] * 6)]) == {0, 1, 2}
+    assert policy.settled([Chunk(0, "t", 90_000, []), Chunk(1, "t", 100, [])]) == {0}  # too big for any run
     # 70,000 + 40,000 + 20,000 + 10,000 newer ones would be a run (each within twice the smallest newer one)
-    assert state._settled([Chunk(0, "t", 70_000, []), Chunk(1, "t", 100, [])]) == set()
+    assert policy.settled([Chunk(0, "t", 70_000, []), Chunk(1, "t", 100, [])]) == set()
 
 
 def test_no_merge_ever_takes_a_chunk_called_settled():
@@ -180,11 +180,11 @@ def test_no_merge_ever_takes_a_chunk_called_settled():
     rng = np.random.default_rng(29)
     for _ in range(200):
         chunks = [Chunk(i, "t", int(n), []) for i, n in enumerate(rng.integers(1, 90_000, rng.integers(1, 8)))]
-        settled, next_id = state._settled(chunks), len(chunks)
+        settled, next_id = policy.settled(chunks), len(chunks)
         for n in rng.integers(1, 50_000, 40):
             chunks.append(Chunk(next_id, "t", int(n), []))
             next_id += 1
-            while (run := state._similar_tail(chunks)) >= state.MERGE_FANIN:
+            while (run := policy.similar_tail(chunks)) >= policy.MERGE_FANIN:
                 assert not {c.id for c in chunks[-run:]} & settled, [c.n for c in chunks]
                 chunks[-run:] = [Chunk(next_id, "t", sum(c.n for c in chunks[-run:]), [])]
                 next_id += 1
@@ -272,7 +272,7 @@ def test_the_parts_of_folded_chunks_go_before_any_other_chunk_is_cut():
 def test_a_fold_that_answers_every_new_event_reads_none_of_its_chunks(tmp_path, monkeypatch):
     """Day-long windows hold the folded chunks whole: a batch asks the fold, and no folded chunk's summary is
     read again (the budget dropped them all)."""
-    monkeypatch.setattr(state, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
+    monkeypatch.setattr(policy, "MAX_MERGED", 100)  # chunks of 300 events count as settled (never merged again)
     rng = np.random.default_rng(23)
     store = ShardEvents(Meta(), Resets.empty(), MemoryBackend(), Cache("test", 0, root=str(tmp_path)))
     old = []

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fraudrules.engine import state
+from fraudrules.engine.state import policy
 from fraudrules.engine.windowing import render
 from fraudrules.rules.model import AGGREGATORS, OPERATORS
 from tests.support import reference
@@ -239,9 +239,9 @@ def test_matches_reference_when_chunks_are_folded(workload, lateness, rnd):
         rnd.shuffle(b)
     per_batch = [rules] * len(batches)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(state, "MAX_MERGED", 1)
-        patch.setattr(state, "FOLD_MIN", 1)
-        patch.setattr(state, "FOLD_BLOCK", 2)
+        patch.setattr(policy, "MAX_MERGED", 1)
+        patch.setattr(policy, "FOLD_MIN", 1)
+        patch.setattr(policy, "FOLD_BLOCK", 2)
         got_alerts, got_late = Engine(lateness, 2).run(batches, per_batch)
     ref_alerts, ref_late = reference.run(batches, per_batch, lateness_ms=lateness)
     _assert_same(got_alerts, ref_alerts)
@@ -260,9 +260,9 @@ def test_matches_reference_when_merged_chunks_are_folded_and_a_rule_stops(worklo
     paused = [replace(rules[0], state="PAUSE"), *rules[1:]]
     per_batch = [rules if i < stop_at else paused for i in range(len(batches))]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(state, "MAX_MERGED", 6)
-        patch.setattr(state, "FOLD_MIN", 1)
-        patch.setattr(state, "FOLD_BLOCK", 2)
+        patch.setattr(policy, "MAX_MERGED", 6)
+        patch.setattr(policy, "FOLD_MIN", 1)
+        patch.setattr(policy, "FOLD_BLOCK", 2)
         got_alerts, got_late = Engine(lateness, 2).run(batches, per_batch)
     ref_alerts, ref_late = reference.run(batches, per_batch, lateness_ms=lateness)
     _assert_same(got_alerts, ref_alerts)
