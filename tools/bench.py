@@ -49,11 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from fraudrules import event_schema, kafka_client, tables
+from fraudrules.compat import spark_checkpoint
+from fraudrules.compat.pyspark import UPSTREAM_ENV
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import job
+from fraudrules.engine.lines import open_fs
 from fraudrules.engine.outbox import OUTBOX_FOLDER, Outbox
 from fraudrules.engine.publisher import PROGRESS as PUBLISHED
-from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
 from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
@@ -641,10 +643,8 @@ def _driver_cpu(pid: int) -> float:
 
 def _last_batch(checkpoint: str) -> int:
     """A query's last committed micro-batch (-1 before any)."""
-    try:
-        return max((int(f) for f in os.listdir(os.path.join(checkpoint, "commits")) if f.isdigit()), default=-1)
-    except OSError:
-        return -1
+    batch = spark_checkpoint.newest_committed(*open_fs(checkpoint))
+    return -1 if batch is None else batch
 
 
 def _published_batch(checkpoint: str) -> int:
@@ -654,16 +654,11 @@ def _published_batch(checkpoint: str) -> int:
 
 def committed_offsets(checkpoint: str, topic: str) -> int:
     """Records of a Kafka topic (summed over partitions) that a query's last committed micro-batch had read: its
-    offset log entry (`v1`, the batch's metadata, then one line per source, a Kafka source's `{topic: {partition:
-    offset}}`)."""
+    offset log entry's line for a Kafka source, `{topic: {partition: offset}}`."""
     batch = _last_batch(checkpoint)
     if batch < 0:
         return 0
-    try:
-        lines = Path(checkpoint, "offsets", str(batch)).read_text().splitlines()
-    except OSError:
-        return 0
-    for line in lines[2:]:
+    for line in spark_checkpoint.planned(*open_fs(checkpoint), batch)[1]:
         try:
             source = json.loads(line)
         except ValueError:

@@ -22,9 +22,9 @@ def jvm_exit_status(wait_s: float = 0.0) -> int | None:
     """The exit status of the JVM this process launched, once it has exited (a signal as its negative number),
     waiting up to `wait_s` for it; None while it runs, or when this process did not launch one (a cluster's
     session)."""
-    from pyspark import SparkContext
+    from fraudrules.compat.spark_jvm import launched_jvm
 
-    proc = getattr(SparkContext._gateway, "proc", None)
+    proc = launched_jvm()
     if proc is None:
         return None
     try:

@@ -19,6 +19,7 @@ import re
 from pyspark.sql import SparkSession
 
 from fraudrules import logs
+from fraudrules.compat.spark_jvm import jvm_of
 from fraudrules.jars import jars_file
 
 DRIVER_MEMORY_ENV = "FRAUDRULES_DRIVER_MEMORY"  # the local JVM's heap
@@ -92,7 +93,7 @@ def launched_heap() -> str:
 def lower_priority(spark: SparkSession) -> None:
     """Run the calling thread's JVM side (a query's stream thread in its foreachBatch, the JVM thread that serves
     a Python thread) at Java's lowest priority, which `BACKGROUND_NICE` maps to nice 19."""
-    spark._jvm.java.lang.Thread.currentThread().setPriority(1)  # type: ignore[union-attr]
+    jvm_of(spark).java.lang.Thread.currentThread().setPriority(1)
 
 
 def local_fs_options(master: str) -> dict[str, str]:

@@ -116,7 +116,9 @@ def quiet_query_failures(spark: Any) -> None:
     and restarts the queries."""
     if not quiet():
         return
-    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    from fraudrules.compat.spark_jvm import jvm_of
+
+    log4j = jvm_of(spark).org.apache.logging.log4j
     log4j.core.config.Configurator.setLevel(QUERY_FAILURES, log4j.Level.OFF)
 
 
@@ -125,6 +127,8 @@ def quiet_python_workers(spark: Any) -> None:
     null device; log4j's console appender keeps the stream it was configured with."""
     if not quiet():
         return
-    jvm = spark.sparkContext._jvm
+    from fraudrules.compat.spark_jvm import jvm_of
+
+    jvm = jvm_of(spark)
     null = jvm.java.io.PrintStream(jvm.java.io.FileOutputStream(os.devnull), True)
     jvm.java.lang.System.setErr(null)

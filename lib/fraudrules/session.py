@@ -14,15 +14,14 @@ import sys
 from importlib import resources
 from typing import Any
 
-from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from fraudrules import logs
+from fraudrules.compat import spark_jvm
 from fraudrules.config import JobConfig
 from fraudrules.jars import local_jars
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-FS_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
 
 
@@ -102,7 +101,7 @@ def get_spark(
             .config("spark.scheduler.mode", "FAIR")
             .config("spark.scheduler.allocation.file", str(resources.files("fraudrules").joinpath(POOLS)))
             # Hadoop's FileContext renames fork a `readlink` process per checkpoint file on local disks
-            .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
+            .config(map=spark_jvm.checkpoint_files_conf())
             # quiet from its first line
             .config(
                 "spark.driver.extraJavaOptions",
@@ -111,7 +110,7 @@ def get_spark(
         )
         for key, value in local_catalog_options(catalog).items() if catalog else ():
             builder = builder.config(key, value)
-        new_jvm = SparkContext._gateway is None
+        new_jvm = not spark_jvm.has_gateway()
         if new_jvm:  # a class path and a heap are the JVM's from its launch: only for a new one
             for key, value in local_runtime.local_fs_options(master).items():
                 builder = builder.config(key, value)

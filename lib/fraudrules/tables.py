@@ -8,7 +8,6 @@ import json
 import os
 import re
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from fraudrules import event_schema
+from fraudrules.compat import delta_log
 from fraudrules.config import JOB_TABLES, JobConfig
 from fraudrules.event_schema import DEFAULT as DEFAULT_EVENTS
 from fraudrules.event_schema import SchemaError
@@ -181,9 +181,9 @@ def ensure(spark: SparkSession, cfg: JobConfig, *names: str) -> list[str]:
     wanted = names or JOB_TABLES
     missing = [n for n in wanted if not exists(spark, cfg, n)]
     now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    if not cfg.uses_catalog:
+    if not cfg.uses_catalog and delta_log.writes_first_commits():
         for name in missing:
-            first_commit(cfg.table(name), schema(name, cfg).json(), properties(name, now))
+            delta_log.first_commit(cfg.table(name), schema(name, cfg).json(), properties(name, now))
     else:
         with ThreadPoolExecutor(max_workers=4) as pool:  # each creation is a Delta commit: overlap them
             list(pool.map(lambda name: _create(spark, cfg, name, properties(name, now)), missing))
@@ -204,63 +204,19 @@ def _mark_lines_from_1(spark: SparkSession, cfg: JobConfig, name: str, now: str)
         spark.sql(f"ALTER TABLE {where} SET TBLPROPERTIES ('{LINES_FROM_1}' = '{now}')")
 
 
-_VERSION_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b)")
-
-
 def exists(spark: SparkSession, cfg: JobConfig, name: str) -> bool:
     if cfg.uses_catalog:
         return bool(spark.catalog.tableExists(cfg.table(name)))
-    log = os.path.join(cfg.table(name), "_delta_log")
-    # a commit or checkpoint, not just the folder: a creation killed half-way leaves an empty log behind
-    return os.path.isdir(log) and any(_VERSION_FILE.match(f) for f in os.listdir(log))
-
-
-def first_commit(path: str, schema_json: str, configuration: dict[str, str]) -> None:
-    """Create a path table: its version 0 and that version's checksum as `CREATE TABLE` writes them (protocol
-    1/2, the schema, no partitions, its properties), without the Spark job and Delta transaction that cost ~1 s per
-    table. If another writer created the table first, theirs stands."""
-    log = os.path.join(path, "_delta_log")
-    os.makedirs(log, exist_ok=True)
-    now = int(time.time() * 1000)
-    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
-    metadata = {
-        "id": str(uuid.uuid4()),
-        "format": {"provider": "parquet", "options": {}},
-        "schemaString": schema_json,
-        "partitionColumns": [],
-        "configuration": configuration,
-        "createdTime": now,
-    }
-    commit = {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True}
-    actions = [{"commitInfo": commit}, {"protocol": protocol}, {"metaData": metadata}]
-    if _write_new(os.path.join(log, f"{0:020d}.json"), "".join(json.dumps(a) + "\n" for a in actions)):
-        # with the checksum Delta reads version 0's protocol and schema from the file, not with a Spark job (which
-        # a stream starting there, `read_stream`, would wait for behind busy cores)
-        counts = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1}
-        none = {"setTransactions": [], "domainMetadata": [], "allFiles": []}
-        checksum = counts | none | {"metadata": metadata, "protocol": protocol}
-        _write_new(os.path.join(log, f"{0:020d}.crc"), json.dumps(checksum))
-
-
-def _write_new(path: str, text: str) -> bool:
-    """Write a file whole, atomically, unless it exists (False: another writer's stands)."""
-    tmp = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    try:
-        os.link(tmp, path)  # atomic, and never over an existing file
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.remove(tmp)
+    return delta_log.has_version(cfg.table(name))
 
 
 def _create(spark: SparkSession, cfg: JobConfig, name: str, configuration: dict[str, str]) -> None:
-    """A catalog table, in SQL: Delta's table builder takes no three-part name outside Databricks."""
+    """A table, in SQL (a path table where Delta's first commit is not written here, `delta_log`): Delta's table
+    builder takes no three-part name outside Databricks."""
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema(name, cfg).fields)
     listed = ", ".join(f"'{k}' = '{v}'" for k, v in configuration.items())
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {cfg.table(name)} ({columns}) USING delta TBLPROPERTIES ({listed})")
+    where = cfg.table(name) if cfg.uses_catalog else f"delta.`{cfg.table(name)}`"
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {where} ({columns}) USING delta TBLPROPERTIES ({listed})")
 
 
 def read(spark: SparkSession, cfg: JobConfig, name: str) -> DataFrame:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from fraudrules.compat.delta_log import read_newest
 from fraudrules.engine import ingest
-from fraudrules.ops.delta_log import read_newest
 from tests.support.airflow_support import JOB_PYTHON, REPO, alerts, dag_test, last_json, needs_airflow
 from tools.support.real_tables import job_env
 

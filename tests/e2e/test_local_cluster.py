@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
+from fraudrules.compat.pyspark import UPSTREAM_ENV
 from fraudrules.generator import LoginWorkload, write_jsonl
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

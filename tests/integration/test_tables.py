@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from decimal import Decimal
+from importlib import metadata
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
 
 from fraudrules import tables
+from fraudrules.compat import delta_log
 from fraudrules.config import JOB_TABLES, JobConfig
 from fraudrules.engine.outbox import OUTBOX, TIMES, with_times
 from tests.conftest import CATALOG_SCHEMA
@@ -58,6 +60,23 @@ def test_a_path_tables_first_commit_comes_with_the_checksum_delta_writes(spark, 
     snapshot = log.unsafeVolatileSnapshot()
     assert snapshot.version() == 0 and snapshot.checksumOpt().isDefined()
     assert json.loads(snapshot.metadata().schemaString()) == tables.schema("rule_history").jsonValue()
+
+
+def test_with_another_delta_a_path_table_is_created_by_delta_itself(spark, tmp_path, monkeypatch):
+    """`first_commit` writes as one Delta release does; with another, `ensure` has Delta create the table (SQL):
+    the same schema and properties, and no checksum of ours."""
+    installed = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "9.9.9" if name == "delta-spark" else installed(name))
+    assert not delta_log.writes_first_commits()
+    cfg = JobConfig(data_dir=str(tmp_path))
+    assert tables.ensure(spark, cfg, "rule_history", "transactions") == ["rule_history", "transactions"]
+    commit = (Path(cfg.table("rule_history")) / "_delta_log" / f"{0:020d}.json").read_text()
+    assert '"operation":"CREATE TABLE"' in commit and '"engineInfo":"Apache-Spark' in commit  # Delta's, not ours
+    for name in ("rule_history", "transactions"):
+        assert tables.schema(name) == tables.read(spark, cfg, name).schema, name
+        properties = tables.delta(spark, cfg, name).detail().first().properties
+        assert {k: v for k, v in properties.items() if k != tables.LINES_FROM_1} == tables.PROPERTIES
+    assert tables.ensure(spark, cfg, "rule_history") == []
 
 
 RULE = {

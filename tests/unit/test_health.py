@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from fraudrules.compat import delta_log
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import lines
-from fraudrules.ops import delta_log, health, supervisor
+from fraudrules.ops import health, supervisor
 from tests.support.delta_writer import BATCHES, DeltaWriter, batch_row
 
 

@@ -131,3 +131,25 @@ def test_loading_the_job_loads_no_local_runtime():
     modules = "fraudrules.session, fraudrules.engine.job, fraudrules.engine.run"
     code = f"import sys, {modules}; print('fraudrules.local_runtime' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+# a private attribute of PySpark's (`SparkContext._jvm`, `spark._jsparkSession`, `SparkContext._gateway`, ...), or a
+# private name imported from PySpark, Delta, delta-rs or Great Expectations
+PRIVATE = re.compile(
+    r"\._j[a-zA-Z]|\._gateway\b|from (?:pyspark|delta|deltalake|great_expectations)[\w.]* import [^#\n]*\b_[A-Za-z]"
+)
+COMPAT = PACKAGE / "compat"
+OUTSIDE_COMPAT = [m for m in MODULES if COMPAT not in m.parents]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_COMPAT, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_third_party_internals_are_used_in_the_compat_package_only(path):
+    assert not PRIVATE.findall(path.read_text()), f"{path.name}: move this behind fraudrules.compat"
+    assert PRIVATE.findall("jvm = spark.sparkContext._jvm") and PRIVATE.findall("from delta.x import y, _z")
+
+
+def test_the_compat_package_is_the_lowest_layer():
+    """It imports nothing of the package but the session's Databricks check: any layer may use it."""
+    for module in COMPAT.glob("*.py"):
+        ours = {n for n in imported(module) if n.startswith("fraudrules.") and not n.startswith("fraudrules.compat")}
+        assert ours <= {"fraudrules.session", "fraudrules.session.on_databricks"}, module.name

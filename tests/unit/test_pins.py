@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fraudrules.compat import delta_log, spark_jvm
+from fraudrules.compat import pyspark as pyspark_compat
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = {"great_expectations": "requirements-quality.txt", "delta-spark": "requirements-nodeps.txt"}
 
@@ -39,8 +42,6 @@ def _one(pins: dict[str, set[str]]) -> str:
 
 
 def test_pyspark_is_one_version_in_python_the_jvm_jars_and_the_compat_guard():
-    from fraudrules.engine import pyspark_compat
-
     version = _one(_pins("pyspark"))
     assert _found(r"<spark.version>([^<]+)</spark.version>", "jvm/spark/pom.xml") == [version]
     minor = ".".join(version.split(".")[:2])
@@ -59,6 +60,14 @@ def test_delta_is_one_version_in_python_and_the_jvm_jars():
     assert f"--no-deps delta-spark=={version}" in (ROOT / "README.md").read_text()  # how a wheel's user installs it
     assert _found(r"<delta.version>([^<]+)</delta.version>", "jvm/spark/pom.xml") == [version]
     assert metadata.version("delta-spark") == version
+    assert version == delta_log.DELTA_RELEASE  # the release whose first commit the job writes by hand
+
+
+def test_spark_s_checkpoint_file_manager_is_named_for_the_pinned_minor_release():
+    minor = ".".join(_one(_pins("pyspark")).split(".")[:2])
+    assert minor == spark_jvm.CHECKPOINT_FILES_SPARK
+    manager = spark_jvm.checkpoint_files_conf()["spark.sql.streaming.checkpointFileManagerClass"]
+    assert manager == spark_jvm.CHECKPOINT_FILES
 
 
 def test_great_expectations_is_one_version_in_the_venv_the_extra_and_the_bundle():
@@ -67,6 +76,9 @@ def test_great_expectations_is_one_version_in_the_venv_the_extra_and_the_bundle(
     version = _one(pins)
     pytest.importorskip("great_expectations")
     assert metadata.version("great_expectations") == version
+    from fraudrules.compat import great_expectations as gx_compat
+
+    assert version == gx_compat.GX_RELEASE  # the release the data-quality sources are built on
 
 
 def test_the_local_file_system_is_built_against_the_hadoop_of_the_pyspark_wheel():

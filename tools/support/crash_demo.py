@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fraudrules import event_schema
+from fraudrules.compat.pyspark import UPSTREAM_ENV
 from fraudrules.config import EVALUATE_QUERY, QUERIES, JobConfig
-from fraudrules.engine.pyspark_compat import UPSTREAM_ENV
 from fraudrules.event_schema import EventSchema
 from fraudrules.generator import LoginWorkload, RichWorkload, Workload, is_rich, sample_rules_path
 from fraudrules.rules.model import LOGIN_RULE

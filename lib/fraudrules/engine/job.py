@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from fraudrules import event_schema, tables
+from fraudrules.compat import pyspark as pyspark_compat
 from fraudrules.config import (
     EVALUATE_QUERY,
     INGEST_QUERY,
@@ -28,7 +29,7 @@ from fraudrules.config import (
     TRANSACTION_QUERIES,
     JobConfig,
 )
-from fraudrules.engine import ingest, inputs, kafka, lines, pyspark_compat
+from fraudrules.engine import ingest, inputs, kafka, lines
 from fraudrules.engine.bronze import IngestSink
 from fraudrules.engine.committer import BACKGROUND_POOL, HOT_POOL, Committer
 from fraudrules.engine.evaluation import OUTPUT_SCHEMA

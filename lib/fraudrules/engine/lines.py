@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from fraudrules.engine import spark_compat
+from fraudrules.compat import spark_checkpoint, spark_jvm
 
 NAME = "fraudrules_lines"
 SCHEMA = "value binary, srcTime long, srcName string, srcPos long"
@@ -430,35 +430,24 @@ class LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
 
-def logged_batches(fs: pafs.FileSystem, root: str, log: str) -> list[int]:
-    """The batch ids in a checkpoint's `offsets` or `commits` log, newest first."""
-    logged = fs.get_file_info(pafs.FileSelector(f"{root}/{log}", allow_not_found=True))
-    return sorted((int(i.base_name) for i in logged if i.base_name.isdigit()), reverse=True)
-
-
-def _offsets(fs: pafs.FileSystem, root: str, batch: int) -> list[str]:
-    """A planned batch's end offsets, one line per source of the query."""
-    with fs.open_input_stream(f"{root}/offsets/{batch}") as fh:
-        return fh.read().decode().splitlines()[2:]  # version, metadata, then one offset per source
-
-
 def committed(checkpoint: str) -> Position:
     """Where a query's last committed micro-batch left this source (the start when it committed none): its end
     offset in the checkpoint's offset log. The query's first source of this kind: the evaluation reads the
     transactions before the login events."""
     fs, root = open_fs(checkpoint)
-    for batch in logged_batches(fs, root, "commits")[:1]:
-        for line in _offsets(fs, root, batch):
-            offset = json.loads(line) if line.startswith("{") else None
-            if isinstance(offset, dict) and set(offset) == set(START):
-                return Position.of(offset)
+    batch = spark_checkpoint.newest_committed(fs, root)
+    for line in spark_checkpoint.planned(fs, root, batch)[1] if batch is not None else ():
+        offset = json.loads(line) if line.startswith("{") else None
+        if isinstance(offset, dict) and set(offset) == set(START):
+            return Position.of(offset)
     return Position.of(START)
 
 
 def logged_sources(checkpoint: str) -> int | None:
     """How many sources the query of `checkpoint` read in its newest planned micro-batch; None before any."""
     fs, root = open_fs(checkpoint)
-    return next((len(_offsets(fs, root, batch)) for batch in logged_batches(fs, root, "offsets")[:1]), None)
+    batches = spark_checkpoint.logged_batches(fs, root, "offsets")
+    return len(spark_checkpoint.planned(fs, root, batches[0])[1]) if batches else None
 
 
 def unread(path: str, checkpoint: str) -> list[FileEntry]:
@@ -487,10 +476,10 @@ def register(spark: SparkSession) -> None:
     """Make the source known to the session (`spark.readStream.format(NAME)`); registering again is harmless, but
     not from two threads at once: Spark checks that the name is free, then registers (`job.warm_up` registers in a
     thread while the queries are built). Its environment gets the keys its streaming runners put
-    (`spark_compat.settle_source_env`): their puts would otherwise race the serialization of another query's tasks."""
+    (`spark_jvm.settle_source_env`): their puts would otherwise race the serialization of another query's tasks."""
     with _registering:
         spark.dataSource.register(LinesSource)
-        spark_compat.settle_source_env(spark, NAME)
+        spark_jvm.settle_source_env(spark, NAME)
 
 
 class LinesSource(DataSource):

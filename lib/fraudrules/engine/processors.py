@@ -30,11 +30,11 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import TimerValues
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
+from fraudrules.compat.pyspark import VectorizedInput
 from fraudrules.engine import logins
 from fraudrules.engine.evaluation import Batch, Timings, stats_row, step, typed
 from fraudrules.engine.inputs import LOGIN_FIELDS, login_column
 from fraudrules.engine.logins import decode_sequences, encode_sequences
-from fraudrules.engine.pyspark_compat import VectorizedInput
 from fraudrules.engine.ruleset import RuleSet
 from fraudrules.engine.shard_values import ShardState, ShardValues
 from fraudrules.engine.state import BUDGET, STATE_MEMORY_MB, Meta, Resets, ShardEvents, cache_for

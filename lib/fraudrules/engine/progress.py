@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import threading
@@ -23,10 +22,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark import SparkContext
-from pyspark.sql.streaming import StreamingQueryListener
-from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryIdleEvent, QueryProgressEvent
 
+from fraudrules.compat.pyspark import JsonEventsListener
 from fraudrules.config import EVALUATE_QUERY
 from fraudrules.rules.text import duration_text, iso_time, plural
 
@@ -200,20 +197,7 @@ def rules_in_force_lines(query: str, applied: list[Mapping[str, Any]]) -> list[s
     return [f"[{query}] in force: {names} (first evaluated {span} after the change)"]
 
 
-class _EventsAsJson(JStreamingQueryListener):
-    """PySpark's bridge from the JVM's listener bus, handing progress and idle events over as their JSON: one call
-    into the JVM per event. PySpark's own reads a progress field by field (`fromJObject`: a call per field and per
-    metric of each source and state store): with the job's four queries on Kafka at 1,000 tx/s, the JVM thread
-    serving those calls took a fifth of a core, beside the micro-batches."""
-
-    def onQueryProgress(self, jevent: Any) -> None:
-        self.pylistener.onQueryProgress(QueryProgressEvent.fromJson(json.loads(jevent.json())))
-
-    def onQueryIdle(self, jevent: Any) -> None:
-        self.pylistener.onQueryIdle(QueryIdleEvent.fromJson(json.loads(jevent.json())))
-
-
-class ProgressPrinter(StreamingQueryListener):
+class ProgressPrinter(JsonEventsListener):
     """Query lifecycle on the console, by query name; remembers batch durations for `throughput_lines`."""
 
     def __init__(self, printer: Printer = say):
@@ -223,14 +207,6 @@ class ProgressPrinter(StreamingQueryListener):
         self.durations: dict[str, list[float]] = {}
         self.ended: set[str] = set()  # queries whose termination was reported
         self.lock = threading.Condition()
-
-    @property
-    def _jlistener(self) -> Any:
-        """The JVM's side of this listener (PySpark's `StreamingQueryListener._jlistener`), through `_EventsAsJson`."""
-        if not hasattr(self, "_jlistenerobj"):
-            wrapper = SparkContext._jvm.PythonStreamingQueryListenerWrapper  # type: ignore[union-attr]
-            self._jlistenerobj = wrapper(_EventsAsJson(self))
-        return self._jlistenerobj
 
     def onQueryStarted(self, event) -> None:
         name = event.name or str(event.id)

@@ -24,7 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from fraudrules.engine.lines import logged_batches, open_fs
+from fraudrules.compat import spark_checkpoint
+from fraudrules.engine.lines import open_fs
 
 VALUE = "shard"  # the value's state variable
 LAYOUT_FILE = "state_layout.json"  # beside Spark's own logs in the evaluate query's checkpoint
@@ -124,11 +125,11 @@ class Layout:
         return False
 
     def _holds_legacy(self, spark: SparkSession) -> bool:
-        if not logged_batches(self.fs, self.root, "commits"):
+        if spark_checkpoint.newest_committed(self.fs, self.root) is None:
             return False  # no committed state: nothing to move
         try:  # every legacy shard wrote `meta` in every micro-batch; migration clears it
             return read_state(spark, self.checkpoint, "meta").limit(1).count() > 0
         except PySparkException as err:
-            if "STDS_INVALID_OPTION_VALUE" in str(err.getCondition()):
+            if spark_checkpoint.missing_state_variable(err):
                 return False  # not a variable of this checkpoint: its job registered none of the legacy ones
             raise

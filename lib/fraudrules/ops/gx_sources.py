@@ -21,20 +21,24 @@ from typing import Any, ClassVar, Literal
 
 import pandas as pd
 import pyarrow as pa
-from great_expectations.compatibility import pydantic
-from great_expectations.core import IDDict
-from great_expectations.core.batch import LegacyBatchDefinition
-from great_expectations.core.batch_spec import RuntimeDataBatchSpec
-from great_expectations.datasource.fluent import BatchRequest
-from great_expectations.datasource.fluent.batch_identifier_util import make_batch_identifier
-from great_expectations.datasource.fluent.config_str import ConfigStr
-from great_expectations.datasource.fluent.constants import _DATA_CONNECTOR_NAME
-from great_expectations.datasource.fluent.interfaces import Batch, DataAsset, TestConnectionError
-from great_expectations.datasource.fluent.spark_datasource import _SparkDatasource
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from fraudrules import event_schema, tables
+from fraudrules.compat.great_expectations import (
+    DATA_CONNECTOR_NAME,
+    Batch,
+    BatchRequest,
+    ConfigStr,
+    DataAsset,
+    IDDict,
+    LegacyBatchDefinition,
+    RuntimeDataBatchSpec,
+    SparkDatasource,
+    TestConnectionError,
+    make_batch_identifier,
+    pydantic,
+)
 from fraudrules.config import EVALUATE_QUERY, JOB_TABLES, JobConfig, config_from
 from fraudrules.engine import ingest, lines
 from fraudrules.ops import state_reader
@@ -195,7 +199,7 @@ def _kept(spark: SparkSession, frame: pd.DataFrame, schema: str) -> DataFrame:
 # ------------------------------------------------------------------------------------------ GX types
 
 
-class _JobSource(_SparkDatasource):
+class _JobSource(SparkDatasource):
     """A Spark data source over the job configured by `job` (JobConfig fields as JSON, usually a config variable)."""
 
     _EXTRA_EXCLUDED_EXEC_ENG_ARGS: ClassVar[set] = {"job"}  # ours, not the Spark execution engine's
@@ -257,7 +261,7 @@ class _PinnedAsset(DataAsset):
         own = BatchRequest(datasource_name=source.name, data_asset_name=self.name, options=pinned)
         legacy = LegacyBatchDefinition(
             datasource_name=source.name,
-            data_connector_name=_DATA_CONNECTOR_NAME,
+            data_connector_name=DATA_CONNECTOR_NAME,
             data_asset_name=self.name,
             batch_identifiers=make_batch_identifier(pinned),
             batch_spec_passthrough=None,

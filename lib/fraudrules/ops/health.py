@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fraudrules.compat.delta_log import read_newest
 from fraudrules.config import EVALUATE_QUERY, JobConfig
-from fraudrules.ops.delta_log import read_newest
 
 PID_FILE = "fraudrules-run.json"
 LOG_FILE = "fraudrules-run.log"

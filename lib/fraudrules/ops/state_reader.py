@@ -8,9 +8,7 @@ detector's open sequences, kept by the same query.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,9 +17,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
+from fraudrules.compat import spark_checkpoint
 from fraudrules.config import EVALUATE_QUERY, JobConfig
 from fraudrules.engine import keying
 from fraudrules.engine.inputs import numeric, shard_labels
+from fraudrules.engine.lines import open_fs
 from fraudrules.engine.logins import decode_sequences
 from fraudrules.engine.processors import watermark_of
 from fraudrules.engine.ruleset import RuleSet
@@ -42,14 +42,15 @@ class CommittedBatch:
 
 def last_committed(cfg: JobConfig, query: str = EVALUATE_QUERY) -> CommittedBatch | None:
     """The query's newest committed batch; None when its checkpoint has none (or does not exist)."""
-    commits = [int(p.name) for p in (Path(cfg.checkpoint(query)) / "commits").glob("*") if p.name.isdigit()]
-    return committed(cfg, query, max(commits)) if commits else None
+    fs, root = open_fs(cfg.checkpoint(query))
+    batch = spark_checkpoint.newest_committed(fs, root)
+    return None if batch is None else committed(cfg, query, batch)
 
 
 def committed(cfg: JobConfig, query: str, batch_id: int) -> CommittedBatch:
     """A committed batch of the query, with the time it ran at (from its offset log)."""
-    meta = json.loads((Path(cfg.checkpoint(query)) / "offsets" / str(batch_id)).read_text().splitlines()[1])
-    return CommittedBatch(batch_id, int(meta.get("batchTimestampMs", 0)))
+    metadata, _ = spark_checkpoint.planned(*open_fs(cfg.checkpoint(query)), batch_id)
+    return CommittedBatch(batch_id, int(metadata.get("batchTimestampMs", 0)))
 
 
 def raw(

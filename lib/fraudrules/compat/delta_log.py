@@ -1,13 +1,25 @@
-"""Delta tables read without a JVM: the transaction log (last checkpoint plus later commits) and parquet.
+"""Delta's transaction log, read and written by hand where a JVM costs too much (the Delta protocol, PROTOCOL.md).
 
-What a scheduler or a health check needs is small (the newest rows of `batches`, a results table) and must not
-wait for a Spark JVM; pyarrow reads the data files the log says are live.
+Read: what a scheduler or a health check needs is small (the newest rows of `batches`, a results table) and must
+not wait for a Spark JVM; pyarrow reads the data files the log says are live (`delta_snapshot`, `read_delta`).
+
+Written: a local path table's version 0 and its checksum, as Delta's `CREATE TABLE` writes them (`first_commit`),
+without the Spark job and Delta transaction that cost ~1 s per table at every fresh start. Only with the Delta
+release it was compared with (`DELTA_RELEASE`, `writes_first_commits`; `tests/integration/test_tables.py` compares
+the files with Delta's own): with another, tables are created by Delta, in SQL.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import time
+import uuid
+from importlib import metadata
 from pathlib import Path
+
+DELTA_RELEASE = "4.4.0"  # delta-spark, whose CREATE TABLE `first_commit` writes as
 
 
 def delta_snapshot(path: str | Path) -> tuple[list[dict], list[str]]:
@@ -106,3 +118,62 @@ def read_delta(path: str | Path, columns: list[str] | None = None, newest_files:
 def read_newest(path: str | Path, columns: list[str], max_files: int = 64):
     """Rows of the newest `max_files` data files of a Delta table (by modification time) as pandas."""
     return read_delta(path, columns, newest_files=max_files)
+
+
+VERSION_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b)")
+
+
+def has_version(path: str) -> bool:
+    """Whether a path table has a commit or checkpoint, not just a log folder: a creation killed half-way leaves an
+    empty log behind."""
+    log = os.path.join(path, "_delta_log")
+    return os.path.isdir(log) and any(VERSION_FILE.match(f) for f in os.listdir(log))
+
+
+def writes_first_commits() -> bool:
+    """Whether `first_commit` writes as this process's Delta would (its release is `DELTA_RELEASE`)."""
+    try:
+        return metadata.version("delta-spark") == DELTA_RELEASE
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def first_commit(path: str, schema_json: str, configuration: dict[str, str]) -> None:
+    """Create a path table: its version 0 and that version's checksum as `CREATE TABLE` writes them (protocol
+    1/2, the schema, no partitions, its properties), without the Spark job and Delta transaction that cost ~1 s per
+    table. If another writer created the table first, theirs stands."""
+    log = os.path.join(path, "_delta_log")
+    os.makedirs(log, exist_ok=True)
+    now = int(time.time() * 1000)
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    metadata = {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema_json,
+        "partitionColumns": [],
+        "configuration": configuration,
+        "createdTime": now,
+    }
+    commit = {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True}
+    actions = [{"commitInfo": commit}, {"protocol": protocol}, {"metaData": metadata}]
+    if _write_new(os.path.join(log, f"{0:020d}.json"), "".join(json.dumps(a) + "\n" for a in actions)):
+        # with the checksum Delta reads version 0's protocol and schema from the file, not with a Spark job (which
+        # a stream starting there, `read_stream`, would wait for behind busy cores)
+        counts = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1}
+        none = {"setTransactions": [], "domainMetadata": [], "allFiles": []}
+        checksum = counts | none | {"metadata": metadata, "protocol": protocol}
+        _write_new(os.path.join(log, f"{0:020d}.crc"), json.dumps(checksum))
+
+
+def _write_new(path: str, text: str) -> bool:
+    """Write a file whole, atomically, unless it exists (False: another writer's stands)."""
+    tmp = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    try:
+        os.link(tmp, path)  # atomic, and never over an existing file
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.remove(tmp)

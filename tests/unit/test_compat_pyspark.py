@@ -1,4 +1,5 @@
-"""The vectorized transformWithStateInPandas input against PySpark's own, on the installed PySpark: same modes,
+"""The PySpark internals the job uses (`compat/pyspark.py`), guarded. The vectorized transformWithStateInPandas input
+against PySpark's own, on the installed PySpark: same modes,
 keys, frames (cut at the same rows by the records and bytes bounds), dtypes and batch-size statistics, from the
 same Arrow stream. No Spark session."""
 
@@ -8,6 +9,8 @@ import io
 import pickle
 import socket
 import struct
+import subprocess
+import sys
 import threading
 
 import pandas as pd
@@ -16,13 +19,15 @@ import pyspark.sql.streaming.proto.StateMessage_pb2 as messages
 import pytest
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
+from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import JStreamingQueryListener
 from pyspark.sql.streaming.map_state_client import MapStateClient
 from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-from fraudrules.engine import pyspark_compat
+from fraudrules.compat import pyspark as pyspark_compat
+from fraudrules.compat.pyspark import Mode
 from fraudrules.engine.processors import Detectors
-from fraudrules.engine.pyspark_compat import Mode
 
 
 def serializer(max_records: int = 10_000, max_bytes: int = 2**31 - 1) -> TransformWithStateInPandasSerializer:
@@ -165,6 +170,39 @@ def test_another_pyspark_keeps_its_own_and_the_job_says_so(monkeypatch, where):
     assert pyspark_compat.notice().startswith(
         "stateful input regrouped and map state written by PySpark's own transformWithStateInPandas"
     )
+
+
+def test_a_pyspark_that_moved_a_private_module_runs_the_job_with_its_own_code():
+    """The private modules are imported in a guard: without one, the job's modules import, nothing is replaced, the
+    job says why, and its listeners take PySpark's own bridge."""
+    script = """
+import pyspark.sql.conversion
+del pyspark.sql.conversion.ArrowBatchTransformer  # what a PySpark that moved it looks like to an import
+from fraudrules.compat import pyspark as compat
+from fraudrules.engine import job, processors, progress
+from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer as S
+print(compat.MOVED)
+print(compat.applies(), compat.install(), S.load_stream is compat.load_stream)
+print(compat.notice())
+print(issubclass(progress.ProgressPrinter, StreamingQueryListener))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    moved = "cannot import name 'ArrowBatchTransformer' from 'pyspark.sql.conversion'"
+    moved_line, effect, notice, listener = out.splitlines()
+    assert moved_line.startswith(f"PySpark 4.2.1: {moved}")
+    assert (effect, listener) == ("False False False", "True")
+    assert notice.startswith("stateful input regrouped and map state written by PySpark's own") and moved in notice
+
+
+def test_the_listener_bridge_replaces_what_pyspark_builds_its_own_from():
+    """`JsonEventsListener` overrides PySpark's private `_jlistener` with the bridge class PySpark's own uses: an
+    upgrade that renames either makes this fail (the override would be silently unused)."""
+    assert isinstance(vars(StreamingQueryListener).get("_jlistener"), property)
+    assert JStreamingQueryListener.Java.implements == ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+    assert issubclass(pyspark_compat._EventsAsJson, JStreamingQueryListener)
+    assert isinstance(vars(pyspark_compat.JsonEventsListener)["_jlistener"], property)
+    assert pyspark_compat.MOVED is None
 
 
 def upstream(monkeypatch) -> None:

@@ -1,11 +1,12 @@
-"""Spark's JVM internals the job reaches through py4j (`fraudrules.engine.spark_compat`): each still where it was,
+"""Spark's JVM internals the job reaches through py4j (`fraudrules.compat.spark_jvm`): each still where it was,
 and still doing what the workaround expects of it; a Spark upgrade that moves one fails here, by name."""
 
 from __future__ import annotations
 
 import pytest
 
-from fraudrules.engine import lines, sources, spark_compat
+from fraudrules.compat import spark_jvm as spark_compat
+from fraudrules.engine import lines, sources
 
 pytestmark = pytest.mark.spark
 
@@ -30,3 +31,8 @@ def test_a_query_on_the_lines_source_leaves_its_environment_as_registered(spark,
     query.awaitTermination()
     assert spark.table("lines_env").count() == 2
     assert dict(_env(spark)) == before  # the runner put nothing new, and changed no value
+
+
+def test_local_sessions_name_a_checkpoint_file_manager_this_spark_has(spark):
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == spark_compat.CHECKPOINT_FILES
+    assert spark._jvm.java.lang.Class.forName(spark_compat.CHECKPOINT_FILES).getName() == spark_compat.CHECKPOINT_FILES

@@ -1,5 +1,10 @@
-"""Spark's JVM internals the job reaches through py4j, each guarded: on a Spark that moved one, the job goes on
-without the workaround, and a test names what moved (`tests/integration/test_spark_compat.py`).
+"""Spark's JVM internals the job names or reaches through py4j, each guarded: on a Spark that moved one, the job goes
+on without the workaround, and a test names what moved (`tests/integration/test_compat_spark_jvm.py`).
+
+The checkpoint file manager of local sessions. Spark's default (`FileContextBasedCheckpointFileManager`) renames
+through Hadoop's FileContext, which forks a `readlink` process per checkpoint file on a local disk; the file-system
+based one does not. Its class is internal and moved package in Spark 4 (`CHECKPOINT_FILES`): named only on the
+Spark minor release it was found in (`checkpoint_files_conf`), Spark's default elsewhere.
 
 A Python data source's envVars race (Spark 4.2). Every function of a registered Python data source carries the
 same `java.util.HashMap` of environment variables, its class's: the read tasks of every query on it, and the
@@ -14,9 +19,16 @@ longer changes shape.
 
 from __future__ import annotations
 
+import subprocess
+from typing import Any
+
+import pyspark
 from py4j.protocol import Py4JError
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+CHECKPOINT_FILES = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+CHECKPOINT_FILES_SPARK = "4.2"  # the minor release whose class that is
 RUNNER_ENV = ("SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "SPARK_PYTHON_RUNTIME")
 
 
@@ -45,3 +57,28 @@ def settle_source_env(spark: SparkSession, name: str) -> bool:
     except Py4JError:
         return False
     return True
+
+
+def checkpoint_files_conf() -> dict[str, str]:
+    """A local session's checkpoint file manager setting: the file-system based one on the Spark release whose class
+    name `CHECKPOINT_FILES` is, nothing (Spark's default) on another."""
+    minor = ".".join(pyspark.__version__.split(".")[:2])
+    return (
+        {"spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILES} if minor == CHECKPOINT_FILES_SPARK else {}
+    )
+
+
+def jvm_of(spark: SparkSession) -> Any:
+    """The py4j view of the session's JVM (PySpark's `SparkContext._jvm`), to call Java's and log4j's public APIs."""
+    return spark.sparkContext._jvm
+
+
+def launched_jvm() -> subprocess.Popen | None:
+    """The JVM process this Python process launched (PySpark's gateway's); None before one, or on a cluster's
+    driver, whose JVM launched the Python process."""
+    return getattr(SparkContext._gateway, "proc", None)
+
+
+def has_gateway() -> bool:
+    """Whether this process is connected to a JVM already (a class path and a heap are a JVM's from its launch)."""
+    return SparkContext._gateway is not None

@@ -1,11 +1,11 @@
-"""Compatibility with PySpark 4.2.1: transformWithStateInPandas input grouped by key without a Python step per row,
-and map state writes without copies of the value.
+"""PySpark internals, guarded: transformWithStateInPandas input grouped by key without a Python step per row, map
+state writes without copies of the value (both for PySpark 4.2.1 only), and query progress handed over as JSON.
 
 PySpark 4.2's `TransformWithStateInPandasSerializer.load_stream` regroups the input rows by key one row at a
 time (`itertuples`, `itertools.groupby`, then `pd.DataFrame(rows)`), on the one core a shard's task has: about
 ten times what converting the same Arrow batches to pandas costs. The JVM sends a key's rows together, so the
 same groups are runs of equal keys in each Arrow batch: found with numpy and sliced from the batch's frame. The
-frames, keys and modes yielded are those of the upstream method (`tests/unit/test_pyspark_compat.py` compares both
+frames, keys and modes yielded are those of the upstream method (`tests/unit/test_compat_pyspark.py` compares both
 on the installed PySpark).
 
 Upstream cuts a key's rows into frames of at most `arrow_max_records_per_batch` rows, and of fewer rows than fit
@@ -22,11 +22,18 @@ worker reads its input. Only on the PySpark release they were written against (e
 columns is regrouped row by row as upstream does. Every other PySpark keeps its own methods: another release, and a
 Databricks runtime's (its own build, whatever version it reports). `FRAUDRULES_UPSTREAM_INPUT=1` keeps upstream's
 here too (what a cluster runs). The job says once when upstream's are in use (`notice`).
+
+The job's query listeners take progress events from the JVM as JSON (`JsonEventsListener`), one call per event,
+through the bridge class PySpark's `StreamingQueryListener._jlistener` builds its own from.
+
+PySpark's private modules are imported in a guard: a PySpark that moved one (`MOVED` names it) keeps its own
+regrouping, map state writes and listener bridge; the job imports and runs as before, only slower.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -36,17 +43,28 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyspark
+from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
-from pyspark.sql.conversion import ArrowBatchTransformer
-from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, TransformWithStateInPandasSerializer
-from pyspark.sql.streaming.map_state_client import MapStateClient
-from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode as Mode
+from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import QueryIdleEvent, QueryProgressEvent
 
 from fraudrules.session import on_databricks
 
+try:  # PySpark's private modules: a release that moved one keeps its own code (`MOVED` says why), the job runs on
+    from pyspark.sql.conversion import ArrowBatchTransformer
+    from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, TransformWithStateInPandasSerializer
+    from pyspark.sql.streaming.listener import JStreamingQueryListener
+    from pyspark.sql.streaming.map_state_client import MapStateClient
+    from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode as Mode
+
+    MOVED: str | None = None
+    UPSTREAM = TransformWithStateInPandasSerializer.load_stream
+    UPSTREAM_UPDATE = MapStateClient.update_value
+except ImportError as err:
+    MOVED = f"PySpark {pyspark.__version__}: {err}"
+    JStreamingQueryListener = object  # type: ignore[assignment,misc]
+
 RELEASE = "4.2.1"  # the release whose load_stream and update_value these reproduce
-UPSTREAM = TransformWithStateInPandasSerializer.load_stream
-UPSTREAM_UPDATE = MapStateClient.update_value
 UPSTREAM_ENV = "FRAUDRULES_UPSTREAM_INPUT"
 
 
@@ -198,7 +216,7 @@ def update_value(self: MapStateClient, state_name: str, user_key: tuple, value: 
 def applies() -> bool:
     """Whether this process's PySpark is the open-source release `load_stream` and `update_value` reproduce (and not
     opted out)."""
-    return pyspark.__version__ == RELEASE and not on_databricks() and not os.environ.get(UPSTREAM_ENV)
+    return not MOVED and pyspark.__version__ == RELEASE and not on_databricks() and not os.environ.get(UPSTREAM_ENV)
 
 
 def install() -> bool:
@@ -206,7 +224,7 @@ def install() -> bool:
     if applies():
         TransformWithStateInPandasSerializer.load_stream = load_stream
         MapStateClient.update_value = update_value
-    return TransformWithStateInPandasSerializer.load_stream is load_stream
+    return not MOVED and TransformWithStateInPandasSerializer.load_stream is load_stream
 
 
 def notice() -> str | None:
@@ -214,7 +232,7 @@ def notice() -> str | None:
     in use)."""
     if applies():
         return None
-    why = UPSTREAM_ENV if os.environ.get(UPSTREAM_ENV) else f"PySpark {pyspark.__version__}, not {RELEASE}"
+    why = MOVED or (UPSTREAM_ENV if os.environ.get(UPSTREAM_ENV) else f"PySpark {pyspark.__version__}, not {RELEASE}")
     return f"stateful input regrouped and map state written by PySpark's own transformWithStateInPandas code ({why})"
 
 
@@ -225,3 +243,30 @@ class VectorizedInput:
     def __setstate__(self, state: dict) -> None:
         install()
         self.__dict__.update(state)
+
+
+class _EventsAsJson(JStreamingQueryListener):
+    """PySpark's bridge from the JVM's listener bus, handing progress and idle events over as their JSON: one call
+    into the JVM per event. PySpark's own reads a progress field by field (`fromJObject`: a call per field and per
+    metric of each source and state store): with the job's four queries on Kafka at 1,000 tx/s, the JVM thread
+    serving those calls took a fifth of a core, beside the micro-batches."""
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        self.pylistener.onQueryProgress(QueryProgressEvent.fromJson(json.loads(jevent.json())))
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        self.pylistener.onQueryIdle(QueryIdleEvent.fromJson(json.loads(jevent.json())))
+
+
+class JsonEventsListener(StreamingQueryListener):
+    """A listener whose JVM side hands progress and idle events over as JSON (`_EventsAsJson`), where this PySpark
+    has the bridge that replaces (its private `_jlistener`); PySpark's own bridge elsewhere."""
+
+    @property
+    def _jlistener(self) -> Any:
+        if MOVED:
+            return StreamingQueryListener._jlistener.fget(self)  # type: ignore[attr-defined]
+        if not hasattr(self, "_jlistenerobj"):
+            wrapper = SparkContext._jvm.PythonStreamingQueryListenerWrapper  # type: ignore[union-attr]
+            self._jlistenerobj = wrapper(_EventsAsJson(self))
+        return self._jlistenerobj

@@ -1,0 +1,51 @@
+"""Spark's streaming checkpoint, read without a running query: what a query planned and committed.
+
+The offset log (`offsets/<batch>`) holds a version line, the batch's metadata as JSON (`batchTimestampMs`, ...),
+then one end offset per source, in the order the query reads them; the commit log (`commits/<batch>`) marks the
+batches whose results are committed. Spark 3.0 to 4.2 write both in version 1 (`OffsetSeqLog.VERSION`); an offset
+file of another version (a Spark that names its sources, say) is refused with an error that says so, not misread
+(`tests/integration/test_compat_spark_checkpoint.py` reads the logs of a query this Spark ran).
+
+Also here: the error condition Spark's state data source raises for a state variable the checkpoint lacks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow.fs as pafs
+from pyspark.errors import PySparkException
+
+OFFSET_LOG_VERSION = "v1"
+MISSING_STATE_VARIABLE = "STDS_INVALID_OPTION_VALUE"  # the state data source's `stateVarName` names no variable
+
+
+class CheckpointFormatError(RuntimeError):
+    """A checkpoint log this release cannot read."""
+
+
+def logged_batches(fs: pafs.FileSystem, root: str, log: str) -> list[int]:
+    """The batch ids in the checkpoint's `offsets` or `commits` log, newest first."""
+    logged = fs.get_file_info(pafs.FileSelector(f"{root}/{log}", allow_not_found=True))
+    return sorted((int(i.base_name) for i in logged if i.base_name.isdigit()), reverse=True)
+
+
+def planned(fs: pafs.FileSystem, root: str, batch: int) -> tuple[dict[str, Any], list[str]]:
+    """A planned batch's metadata and its end offsets (one text per source, as Spark wrote it)."""
+    path = f"{root}/offsets/{batch}"
+    with fs.open_input_stream(path) as fh:
+        version, metadata, *offsets = fh.read().decode().splitlines()
+    if version != OFFSET_LOG_VERSION:
+        raise CheckpointFormatError(f"{path}: offset log {version!r}, this release reads {OFFSET_LOG_VERSION!r}")
+    return json.loads(metadata), offsets
+
+
+def newest_committed(fs: pafs.FileSystem, root: str) -> int | None:
+    """The newest batch the commit log has; None before any."""
+    return next(iter(logged_batches(fs, root, "commits")), None)
+
+
+def missing_state_variable(err: PySparkException) -> bool:
+    """Whether the state data source refused a read because the checkpoint has no such state variable."""
+    return MISSING_STATE_VARIABLE in str(err.getCondition())
