@@ -68,8 +68,8 @@ def test_writers_leave_files_of_their_target_size_alone(spark, made, monkeypatch
     type(writer)(spark, cfg.with_(compact_min_files=0)).append("alerts", alert_rows(-1, per_batch=3000))
     big = set(tables.delta(spark, cfg, "alerts").toDF().inputFiles())
     size = os.path.getsize(next(iter(big)).removeprefix("file:"))
-    monkeypatch.setattr(tables, "WRITER_TARGET_BYTES", size)
-    monkeypatch.setattr(tables, "SMALL_FILE_BYTES", size)  # the 3-row files are well under it
+    monkeypatch.setattr(tables.writers, "WRITER_TARGET_BYTES", size)
+    monkeypatch.setattr(tables.writers, "SMALL_FILE_BYTES", size)  # the 3-row files are well under it
     writer = type(writer)(spark, cfg)  # Spark's writer sets its session's auto compaction from the two
     for batch in range(7):
         writer.append("alerts", alert_rows(batch), tables.Txn("evaluate:q", batch))

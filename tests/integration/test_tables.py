@@ -20,6 +20,7 @@ from fraudrules import tables
 from fraudrules.compat import delta_log
 from fraudrules.config import JOB_TABLES, JobConfig
 from fraudrules.engine.outbox import OUTBOX, TIMES, with_times
+from fraudrules.tables.schemas import arrow_fields
 from tests.conftest import CATALOG_SCHEMA
 
 pytestmark = pytest.mark.spark
@@ -77,6 +78,16 @@ def test_with_another_delta_a_path_table_is_created_by_delta_itself(spark, tmp_p
         properties = tables.delta(spark, cfg, name).detail().first().properties
         assert {k: v for k, v in properties.items() if k != tables.LINES_FROM_1} == tables.PROPERTIES
     assert tables.ensure(spark, cfg, "rule_history") == []
+
+
+@pytest.mark.parametrize("name", [n for n in tables.SCHEMAS if n != "transactions"])
+def test_the_sparkless_arrow_types_of_a_table_are_the_ones_spark_gives(spark, name):
+    """`schemas.arrow_fields` (what the outbox derives its rows from, in Python workers without a session) reads a
+    table's DDL as Spark's parser and Arrow conversion do."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    ours = pa.schema(arrow_fields(tables.SCHEMAS[name]))
+    assert ours.equals(to_arrow_schema(tables.schema(name), timezone="UTC")), (ours, name)
 
 
 RULE = {

@@ -15,79 +15,11 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
+from fraudrules.tables.schemas import SCHEMAS, arrow_fields
+
 # Arrow integers as pandas' nullable ones (`to_pandas(types_mapper=EXACT_INTS.get)`): 64-bit ids stay exact.
 EXACT_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
-# Outbox rows: plain types (times in ms); the committer derives the tables' timestamps and decimals.
 OUTBOX_FOLDER = "outbox"  # a query's outbox: this folder of its checkpoint
-OUTBOX = {
-    "alerts": pa.schema(
-        [
-            ("alertId", pa.string()),
-            ("kind", pa.string()),
-            ("ruleId", pa.int32()),
-            ("ruleVersion", pa.int64()),
-            ("transactionId", pa.int64()),
-            ("userId", pa.int64()),
-            ("key", pa.string()),
-            ("groupingKeyNames", pa.list_(pa.string())),
-            ("aggregate", pa.string()),
-            ("aggregateFieldName", pa.string()),
-            ("aggregatorFunctionType", pa.string()),
-            ("limitOperatorType", pa.string()),
-            ("limit", pa.string()),
-            ("windowMinutes", pa.int32()),
-            ("eventTimeMs", pa.int64()),
-            ("ingestionTimestamp", pa.int64()),
-            ("producedAtMs", pa.int64()),
-            ("publishedAtMs", pa.int64()),
-            ("watermarkMs", pa.int64()),
-            ("batchId", pa.int64()),
-            ("shard", pa.int32()),
-            ("message", pa.string()),
-            ("details", pa.string()),
-        ]
-    ),
-    "late_events": pa.schema(
-        [
-            ("kind", pa.string()),
-            ("transactionId", pa.int64()),
-            ("userId", pa.int64()),
-            ("ruleId", pa.int32()),
-            ("ruleVersion", pa.int64()),
-            ("key", pa.string()),
-            ("eventTimeMs", pa.int64()),
-            ("watermarkMs", pa.int64()),
-            ("reason", pa.string()),
-            ("detectedAtMs", pa.int64()),
-            ("batchId", pa.int64()),
-        ]
-    ),
-    "batches": pa.schema(
-        [
-            ("query", pa.string()),
-            ("batchId", pa.int64()),
-            ("committedAtMs", pa.int64()),
-            ("inputRows", pa.int64()),
-            ("alerts", pa.int64()),
-            ("lateEvents", pa.int64()),
-            ("watermarkMs", pa.int64()),
-            ("latencyP50Ms", pa.float64()),
-            ("latencyP99Ms", pa.float64()),
-            ("latencyMaxMs", pa.float64()),
-            ("retainedEvents", pa.int64()),
-            ("chunks", pa.int32()),
-            ("chunksFromStore", pa.int32()),
-            ("transactions", pa.int64()),
-            ("pythonMs", pa.float64()),
-            ("pythonStages", pa.string()),
-            ("logins", pa.int64()),
-        ]
-    ),
-    "rule_seen": pa.schema(
-        [("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64()), ("batchId", pa.int64())]
-    ),
-}
-OUTBOX["shadow_alerts"] = OUTBOX["alerts"].append(pa.field("shadowOf", pa.int32()))
 # Table timestamps derived from outbox milliseconds when committed (column: milliseconds column).
 ALERT_TIMES = {"eventTime": "eventTimeMs", "producedAt": "producedAtMs"}
 TIMES = {
@@ -95,6 +27,30 @@ TIMES = {
     "shadow_alerts": ALERT_TIMES,
     "late_events": {"detectedAt": "detectedAtMs"},
     "batches": {"committedAt": "committedAtMs"},
+}
+
+
+def rows_of(table: str) -> pa.Schema:
+    """A table's outbox rows: plain types, from the table's own schema (`tables.SCHEMAS`): decimals as their exact
+    text, and each timestamp the committer derives (`TIMES`) as its milliseconds, in its place unless the table
+    keeps those too."""
+    fields = arrow_fields(SCHEMAS[table])
+    names, times, out = {f.name for f in fields}, TIMES.get(table, {}), []
+    for f in fields:
+        if f.name in times:
+            if times[f.name] not in names:
+                out.append(pa.field(times[f.name], pa.int64()))
+        else:
+            out.append(pa.field(f.name, pa.string()) if pa.types.is_decimal(f.type) else f)
+    return pa.schema(out)
+
+
+# Outbox rows per table; `rule_seen` is the evaluation's first sight of each rule version, which the committer turns
+# into `rule_applied` rows.
+OUTBOX = {name: rows_of(name) for name in TIMES} | {
+    "rule_seen": pa.schema(
+        [("ruleId", pa.int32()), ("ruleVersion", pa.int64()), ("firstMs", pa.int64()), ("batchId", pa.int64())]
+    )
 }
 
 
