@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fraudrules import cli
-from fraudrules.config import JobConfig
+from fraudrules.config import JobConfig, config_from
 from tools import bench
 from tools.bench import LIVE_START_MS, KafkaRun, Preload, committed_offsets, highest_sustained
 
@@ -83,7 +83,7 @@ def test_the_job_command_is_a_valid_production_run(profile):
     command = bench.kafka_command("127.0.0.1:9092", "bench/work/kafka-1000", topics, profile, str(bench.BENCH_RULES))
     assert command[1:4] == ["-m", "fraudrules.cli", "run"]
     args = cli.parser().parse_args(command[3:])
-    cfg = cli.config_from(vars(args))
+    cfg = config_from(vars(args))
     assert args.no_generator and args.rules == str(bench.BENCH_RULES)
     assert (cfg.source, cfg.kafka_bootstrap) == ("kafka", "127.0.0.1:9092")
     assert (cfg.kafka_transactions_topic, cfg.kafka_logins_topic) == ("kafka-1000-transactions", "kafka-1000-logins")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fraudrules import __version__, cli, logs
+from fraudrules.cli.rules import history_lines
 
 FIXTURE_RULES = "tests/fixtures/rules.json"
 
@@ -326,7 +327,7 @@ def test_rules_history_keeps_its_columns_whatever_the_authors_and_changes():
             "ruleState": "DELETE",
         },
     ]
-    lines = cli.history_lines(rows, lambda row: "SUM(x) by y")
+    lines = history_lines(rows, lambda row: "SUM(x) by y")
     assert lines == [
         "v1  2026-12-06T12:00:00Z cli                    create      ACTIVE SUM(x) by y",
         "v12 -                    a.reviewer@example.com promote:105 DELETE SUM(x) by y",
