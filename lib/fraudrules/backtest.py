@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from fraudrules import tables
+from fraudrules import event_schema, tables
 from fraudrules.config import EVALUATE_QUERY, RULES_QUERY, JobConfig
 from fraudrules.engine import job, lines, state
 from fraudrules.rules import store
@@ -109,6 +109,7 @@ def run(
         logins=logins is not None,
         logins_source=logins and os.path.abspath(logins),
     )
+    cfg = event_schema.resolved(cfg)
     tables.ensure(spark, cfg)
     store.upsert(spark, cfg, rules, author="backtest")
     started = time.time()

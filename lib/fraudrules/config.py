@@ -97,6 +97,10 @@ class JobConfig:
     retention_hours: float = 168.0
     log_retention_days: float = 30.0
     bronze_retention_days: float = 30.0
+    # The event schema resolved once for this configuration at an entry point (`event_schema.resolved`): every layer
+    # below gets it from `event_schema.for_job` without reading a DDL file again. Not a parameter; dropped by `with_`
+    # when a setting it was resolved from changes.
+    events: object = field(default=None, compare=False, repr=False, metadata={"parameter": False})
 
     def __post_init__(self) -> None:
         if self.source not in ("files", "kafka"):
@@ -177,7 +181,12 @@ class JobConfig:
         return os.path.abspath(self.transactions_source or os.path.join(self.data_dir, "landing", "transactions"))
 
     def with_(self, **changes: object) -> JobConfig:
+        if "events" not in changes and not _EVENTS_FROM.isdisjoint(changes):
+            changes["events"] = None  # resolved for other settings
         return replace(self, **changes)
+
+
+_EVENTS_FROM = frozenset({"event_schema", "data_dir", "checkpoint_root"})  # what `JobConfig.events` depends on
 
 
 # Settings that only mean something when the source is Kafka (as the CLI and the notebooks have always used them).
@@ -198,7 +207,9 @@ def config_from(params: Mapping[str, object], **overrides: object) -> JobConfig:
     types = typing.get_type_hints(JobConfig)
     values: dict[str, object] = {}
     for f in fields(JobConfig):
-        if f.name not in given or (source != "kafka" and f.name.startswith(_KAFKA_ONLY)):
+        if f.name not in given or not f.metadata.get("parameter", True):
+            continue
+        if source != "kafka" and f.name.startswith(_KAFKA_ONLY):
             continue
         values[f.name] = _convert(given[f.name], types[f.name])
     return JobConfig(**{**values, "source": source})

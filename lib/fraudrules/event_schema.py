@@ -468,10 +468,18 @@ def recorded(cfg: JobConfig) -> EventSchema | None:
 
 def for_job(cfg: JobConfig) -> EventSchema:
     """The job's schema: the configured one, else the one it last started with (a restart without
-    `--event-schema` keeps it), else the default one. Rules are validated against it."""
+    `--event-schema` keeps it), else the default one. Rules are validated against it. Resolved once where the
+    configuration was (`resolved`), read from its files otherwise."""
+    if isinstance(cfg.events, EventSchema):
+        return cfg.events
     if cfg.event_schema:
         return load(cfg.event_schema)
     return recorded(cfg) or DEFAULT
+
+
+def resolved(cfg: JobConfig) -> JobConfig:
+    """`cfg` carrying its event schema (`for_job`), resolved now: what the entry points pass down."""
+    return cfg if isinstance(cfg.events, EventSchema) else cfg.with_(events=for_job(cfg))
 
 
 def record(cfg: JobConfig, schema: EventSchema) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from fraudrules import event_schema
-from fraudrules.config import JobConfig
+from fraudrules.config import JobConfig, config_from
 from fraudrules.engine import ingest
 from fraudrules.engine.ingest import RAW_COLUMNS
 from fraudrules.engine.inputs import LOGIN_COLUMNS
@@ -190,3 +191,17 @@ def test_files_the_job_config_and_the_recorded_schema(tmp_path):
     assert "card.bin" in event_schema.for_job(cfg).fields  # a restart without --event-schema keeps it
     (tmp_path / "default.ddl").write_text(DEFAULT.ddl)
     assert "card.bin" not in event_schema.for_job(cfg.with_(event_schema=str(tmp_path / "default.ddl"))).fields
+
+
+def test_an_entry_point_resolves_the_event_schema_once_and_every_layer_gets_it(tmp_path, monkeypatch):
+    """`resolved` reads the DDL once; `for_job` then returns it without reading a file, until a setting it came
+    from changes; `config_from` takes no `events` parameter."""
+    ddl = tmp_path / "events.ddl"
+    ddl.write_text(Path(event_schema.builtin_path("rich")).read_text())
+    cfg = event_schema.resolved(JobConfig(data_dir=str(tmp_path), event_schema=str(ddl)))
+    assert cfg.events == event_schema.load(str(ddl)) and cfg == JobConfig(data_dir=str(tmp_path), event_schema=str(ddl))
+    monkeypatch.setattr(event_schema, "load", lambda path: pytest.fail(f"{path} read again"))
+    assert event_schema.for_job(cfg) is cfg.events
+    assert event_schema.for_job(cfg.with_(max_records_per_trigger=5)) is cfg.events
+    assert event_schema.for_job(cfg.with_(event_schema=None)) is event_schema.DEFAULT  # resolved again: no file
+    assert config_from({"data_dir": "d", "events": "rich"}).events is None

@@ -64,7 +64,7 @@ def config_from(p: Mapping[str, str]) -> JobConfig:
     """A JobConfig from notebook parameters (`config.config_from`); with a Kafka bootstrap, the SASL options
     of the `kafka_secret_scope` widget's Databricks secret scope."""
     secrets = kafka_secret_options(_opt(p, "kafka_secret_scope")) if _opt(p, "kafka_bootstrap") else {}
-    return config.config_from(p, kafka_options=secrets)
+    return event_schema.resolved(config.config_from(p, kafka_options=secrets))
 
 
 def prepare(spark: SparkSession, cfg: JobConfig, p: Mapping[str, str]) -> dict[str, int]:

@@ -156,6 +156,7 @@ def spark_session(app: str = "fraudrules", **options: object):
 def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
     """The JobConfig of the arguments; an inconsistent one (e.g. Kafka topics without a bootstrap) is a usage
     error."""
+    from fraudrules import event_schema
     from fraudrules.rules.cdc import ColumnMapping
 
     try:
@@ -163,6 +164,8 @@ def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
         ColumnMapping(cfg.rules_columns)  # a column mapped to no rule field (the job would stop at its start)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if schema_problem(cfg.event_schema) is None:  # an unusable file is the command's own check to report
+        cfg = event_schema.resolved(cfg)
     return cfg
 
 

@@ -245,6 +245,7 @@ def start(
 ) -> Job:
     """Create missing tables, adopt the event schema (`adopt_schema`), publish and commit what a previous run left
     in the outboxes, start the queries (`names`, by default `query_names(cfg)`)."""
+    cfg = event_schema.resolved(cfg)  # once for every query, sink and processor
     tables.ensure(spark, cfg)
     warming = warm_up(spark, cfg)
     adopt_schema(spark, cfg)

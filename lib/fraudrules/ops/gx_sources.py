@@ -207,7 +207,7 @@ class _JobSource(SparkDatasource):
 
     def job_config(self) -> JobConfig:
         text = self.job.get_config_value(self._config_provider) if isinstance(self.job, ConfigStr) else self.job
-        return config_from(json.loads(text))
+        return event_schema.resolved(config_from(json.loads(text)))
 
 
 class _PinnedAsset(DataAsset):
