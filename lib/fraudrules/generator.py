@@ -12,7 +12,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 
@@ -222,12 +222,16 @@ class PacedWriter(threading.Thread):
         limit: int | None = None,
         time_field: str = "eventTime",
         name: str = "rate-writer",
+        clock: Callable[[], float] = time.time,
+        pause: Callable[[float], object] | None = None,
     ):
         super().__init__(daemon=True, name=name)
         self.events, self.rate, self.tick_s = events, rate, tick_s
         self.realtime, self.limit, self.time_field = realtime, limit, time_field
         self.written = 0
         self._halt = threading.Event()
+        # the wall clock and the wait until the next tick (interrupted by `stop`); tests give their own
+        self._clock, self._pause = clock, pause or self._halt.wait
 
     def stop(self) -> None:
         self._halt.set()
@@ -239,7 +243,7 @@ class PacedWriter(threading.Thread):
         """Called once when the writer ends."""
 
     def run(self) -> None:
-        started, tick = time.time(), 0
+        started, tick = self._clock(), 0
         tick_ms = int(self.tick_s * 1000)
         try:
             while not self._halt.is_set() and (self.limit is None or self.written < self.limit):
@@ -247,7 +251,7 @@ class PacedWriter(threading.Thread):
                 due = int(self.rate * tick * self.tick_s) - self.written
                 if self.limit is not None:
                     due = min(due, self.limit - self.written)
-                now = int(time.time() * 1000)
+                now = int(self._clock() * 1000)
                 rows = list(itertools.islice(self.events, max(0, due)))
                 if due > 0 and not rows:
                     break  # the workload is exhausted
@@ -259,7 +263,7 @@ class PacedWriter(threading.Thread):
                 if rows:
                     self.emit(rows, now, tick)
                     self.written += len(rows)
-                self._halt.wait(max(0.0, started + tick * self.tick_s - time.time()))
+                self._pause(max(0.0, started + tick * self.tick_s - self._clock()))
         finally:
             self.close()
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import sys
-import time
-from collections.abc import Iterator
 
 from fraudrules.generator import LoginWorkload, RateWriter, Workload, write_jsonl
 
@@ -15,36 +11,45 @@ from fraudrules.generator import LoginWorkload, RateWriter, Workload, write_json
 def test_realtime_logins_are_never_identical_events(tmp_path):
     """Each event at its own millisecond, times rising, never after the moment it was written, also when the
     writer falls behind: with 50 logins a tick among 500 users, stamping a tick's events with one moment made
-    identical login events (user, type, IP, time), which the logins suite rightly fails."""
+    identical login events (user, type, IP, time), which the logins suite rightly fails. On a clock of the test's:
+    the writer's thread stalls for a second after its fifth tick (as on a busy machine), then catches up."""
+    clock = _Clock(stall_after=5, stall_s=1.0)
     logins = LoginWorkload(count=10**6, seed=3).events()
-    writer = RateWriter(str(tmp_path), logins, 500, realtime=True, time_field="eventTimestamp")
-    writer.start()
-    time.sleep(0.5)
-    with _stalled():  # the writer's thread waits for the GIL, as on a busy machine, then catches up
-        time.sleep(1.0)
-    time.sleep(0.5)
-    writer.stop()
-    writer.join()
+    writer = RateWriter(
+        str(tmp_path),
+        logins,
+        500,
+        realtime=True,
+        time_field="eventTimestamp",
+        limit=1_000,
+        clock=clock,
+        pause=clock.pause,
+    )
+    writer.run()  # in this thread, to its limit: 20 ticks of 50 events
     files = sorted(tmp_path.glob("rt-*.json"), key=lambda f: int(f.stem.rsplit("-", 1)[1]))  # in tick order
     rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
-    assert len(files) >= 15 and len(rows) >= 900
+    assert (len(files), len(rows)) == (20, 1_000)
+    assert clock.caught_up >= 9  # ticks written at once after the stall, at one moment
     times = [r["eventTimestamp"] for r in rows]
     assert all(a < b for a, b in itertools.pairwise(times))
     assert all(r["eventTimestamp"] <= r["ingestionTimestamp"] for r in rows)
 
 
-@contextlib.contextmanager
-def _stalled() -> Iterator[None]:
-    """Hold the GIL (no thread switch for 1 s): the writer's ticks fall due meanwhile."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1.0)
-    try:
-        end = time.time() + 1.0
-        while time.time() < end:
-            pass
-        yield
-    finally:
-        sys.setswitchinterval(interval)
+class _Clock:
+    """A wall clock that moves only when the writer pauses, and once by `stall_s` more (a stall)."""
+
+    def __init__(self, stall_after: int, stall_s: float):
+        self.now, self.pauses, self.caught_up = 1_800_000_000.0, 0, 0
+        self.stall_after, self.stall_s = stall_after, stall_s
+
+    def __call__(self) -> float:
+        return self.now
+
+    def pause(self, seconds: float) -> bool:
+        self.pauses += 1
+        self.caught_up += seconds == 0
+        self.now += seconds + (self.stall_s if self.pauses == self.stall_after else 0.0)
+        return False
 
 
 def test_files_are_modified_in_the_order_written(tmp_path):
