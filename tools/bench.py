@@ -658,7 +658,11 @@ def committed_offsets(checkpoint: str, topic: str) -> int:
     batch = _last_batch(checkpoint)
     if batch < 0:
         return 0
-    for line in spark_checkpoint.planned(*open_fs(checkpoint), batch)[1]:
+    try:
+        planned = spark_checkpoint.planned(*open_fs(checkpoint), batch)[1]
+    except OSError:  # purged by Spark since
+        return 0
+    for line in planned:
         try:
             source = json.loads(line)
         except ValueError:

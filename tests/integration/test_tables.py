@@ -82,7 +82,7 @@ def test_with_another_delta_a_path_table_is_created_by_delta_itself(spark, tmp_p
 
 @pytest.mark.parametrize("name", [n for n in tables.SCHEMAS if n != "transactions"])
 def test_the_sparkless_arrow_types_of_a_table_are_the_ones_spark_gives(spark, name):
-    """`schemas.arrow_fields` (what the outbox derives its rows from, in Python workers without a session) reads a
+    """`schemas.arrow_fields` (what the outbox derives its rows from at import, before any session) reads a
     table's DDL as Spark's parser and Arrow conversion do."""
     from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fraudrules import __version__, cli, logs
+from fraudrules import __version__, cli, event_schema, logs
+from fraudrules.cli.common import job_config
 from fraudrules.cli.rules import history_lines
 
 FIXTURE_RULES = "tests/fixtures/rules.json"
@@ -332,3 +333,15 @@ def test_rules_history_keeps_its_columns_whatever_the_authors_and_changes():
         "v1  2026-12-06T12:00:00Z cli                    create      ACTIVE SUM(x) by y",
         "v12 -                    a.reviewer@example.com promote:105 DELETE SUM(x) by y",
     ]
+
+
+def test_a_recorded_event_schema_that_does_not_parse_is_left_to_the_commands_that_use_it(tmp_path):
+    """Every command's config resolves the event schema once (`event_schema.resolved`); one that cannot be read
+    (a later release's DDL after a downgrade, say) stops no command that does not need it."""
+    record = tmp_path / "checkpoints" / "event_schema.ddl"
+    record.parent.mkdir(parents=True)
+    record.write_text("transactionId long, amount money")
+    args = cli.parser().parse_args(["maintain", "--data-dir", str(tmp_path)])
+    assert job_config(args).events is None
+    record.write_text(Path(event_schema.builtin_path("rich")).read_text())
+    assert job_config(args).events == event_schema.builtin("rich")

@@ -202,7 +202,7 @@ def test_the_listener_bridge_replaces_what_pyspark_builds_its_own_from():
     assert JStreamingQueryListener.Java.implements == ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
     assert issubclass(pyspark_compat._EventsAsJson, JStreamingQueryListener)
     assert isinstance(vars(pyspark_compat.JsonEventsListener)["_jlistener"], property)
-    assert pyspark_compat.MOVED is None
+    assert pyspark_compat.MOVED is None and pyspark_compat.BRIDGE_MOVED is None
 
 
 def upstream(monkeypatch) -> None:

@@ -153,3 +153,11 @@ def test_the_compat_package_is_the_lowest_layer():
     for module in COMPAT.glob("*.py"):
         ours = {n for n in imported(module) if n.startswith("fraudrules.") and not n.startswith("fraudrules.compat")}
         assert ours <= {"fraudrules.session", "fraudrules.session.on_databricks"}, module.name
+
+
+def test_the_wheel_lists_every_package_of_the_library():
+    """pyproject.toml names the packages by hand: a new subpackage missing there is missing from the wheel a
+    cluster installs (tests/e2e/test_wheel.py finds that late)."""
+    listed = set(re.findall(r'"(fraudrules[\w.]*)"', (ROOT / "pyproject.toml").read_text().split("packages = [")[1]))
+    found = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fraudrules import event_schema
+from fraudrules.compat import spark_checkpoint
 from fraudrules.compat.pyspark import UPSTREAM_ENV
 from fraudrules.config import EVALUATE_QUERY, QUERIES, JobConfig
+from fraudrules.engine.lines import open_fs
 from fraudrules.event_schema import EventSchema
 from fraudrules.generator import LoginWorkload, RichWorkload, Workload, is_rich, sample_rules_path
 from fraudrules.rules.model import LOGIN_RULE
@@ -493,7 +495,7 @@ def _log_entries(folder: Path) -> int:
     """The numbered entries of a checkpoint's offset or commit log. A folder can vanish while it is counted: a
     starting job clears the logs of a query that never planned a batch (`job.discard_unstarted`)."""
     try:
-        return sum(1 for f in folder.iterdir() if f.name.isdigit())
+        return len(spark_checkpoint.logged_batches(*open_fs(str(folder.parent)), folder.name))
     except FileNotFoundError:
         return 0
 

@@ -4,6 +4,7 @@ parent parsers of the options several commands take."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -164,7 +165,7 @@ def job_config(args: argparse.Namespace, **overrides: object) -> JobConfig:
         ColumnMapping(cfg.rules_columns)  # a column mapped to no rule field (the job would stop at its start)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if schema_problem(cfg.event_schema) is None:  # an unusable file is the command's own check to report
+    with contextlib.suppress(event_schema.SchemaError):  # a file it cannot use: the commands that need it say so
         cfg = event_schema.resolved(cfg)
     return cfg
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 import uuid
 from importlib import metadata
@@ -128,6 +129,14 @@ def has_version(path: str) -> bool:
     empty log behind."""
     log = os.path.join(path, "_delta_log")
     return os.path.isdir(log) and any(VERSION_FILE.match(f) for f in os.listdir(log))
+
+
+def clear_unfinished(path: str) -> None:
+    """Remove the log folder a creation killed half-way left without a version (`has_version`): Delta takes a path
+    whose folder holds anything for an existing table, and would skip creating it."""
+    log = os.path.join(path, "_delta_log")
+    if os.path.isdir(log) and not has_version(path):
+        shutil.rmtree(log, ignore_errors=True)
 
 
 def writes_first_commits() -> bool:

@@ -26,8 +26,9 @@ here too (what a cluster runs). The job says once when upstream's are in use (`n
 The job's query listeners take progress events from the JVM as JSON (`JsonEventsListener`), one call per event,
 through the bridge class PySpark's `StreamingQueryListener._jlistener` builds its own from.
 
-PySpark's private modules are imported in a guard: a PySpark that moved one (`MOVED` names it) keeps its own
-regrouping, map state writes and listener bridge; the job imports and runs as before, only slower.
+PySpark's private modules are imported in guards: a PySpark that moved one of the first two's (`MOVED` names it)
+keeps its own regrouping and map state writes, one that moved the bridge class (`BRIDGE_MOVED`) its own listener
+bridge; the job imports and runs as before, only slower.
 """
 
 from __future__ import annotations
@@ -53,15 +54,20 @@ from fraudrules.session import on_databricks
 try:  # PySpark's private modules: a release that moved one keeps its own code (`MOVED` says why), the job runs on
     from pyspark.sql.conversion import ArrowBatchTransformer
     from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer, TransformWithStateInPandasSerializer
-    from pyspark.sql.streaming.listener import JStreamingQueryListener
     from pyspark.sql.streaming.map_state_client import MapStateClient
     from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode as Mode
 
     MOVED: str | None = None
     UPSTREAM = TransformWithStateInPandasSerializer.load_stream
     UPSTREAM_UPDATE = MapStateClient.update_value
-except ImportError as err:
+except (ImportError, AttributeError) as err:
     MOVED = f"PySpark {pyspark.__version__}: {err}"
+try:  # the listener bridge on its own: without it, PySpark's listeners read progress field by field
+    from pyspark.sql.streaming.listener import JStreamingQueryListener
+
+    BRIDGE_MOVED: str | None = None
+except ImportError as err:
+    BRIDGE_MOVED = f"PySpark {pyspark.__version__}: {err}"
     JStreamingQueryListener = object  # type: ignore[assignment,misc]
 
 RELEASE = "4.2.1"  # the release whose load_stream and update_value these reproduce
@@ -264,8 +270,8 @@ class JsonEventsListener(StreamingQueryListener):
 
     @property
     def _jlistener(self) -> Any:
-        if MOVED:
-            return StreamingQueryListener._jlistener.fget(self)  # type: ignore[attr-defined]
+        if BRIDGE_MOVED:
+            return super()._jlistener  # type: ignore[misc]
         if not hasattr(self, "_jlistenerobj"):
             wrapper = SparkContext._jvm.PythonStreamingQueryListenerWrapper  # type: ignore[union-attr]
             self._jlistenerobj = wrapper(_EventsAsJson(self))

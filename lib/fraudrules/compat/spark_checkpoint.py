@@ -12,10 +12,12 @@ Also here: the error condition Spark's state data source raises for a state vari
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
-from pyspark.errors import PySparkException
+
+if TYPE_CHECKING:
+    from pyspark.errors import PySparkException
 
 OFFSET_LOG_VERSION = "v1"
 MISSING_STATE_VARIABLE = "STDS_INVALID_OPTION_VALUE"  # the state data source's `stateVarName` names no variable
@@ -35,10 +37,11 @@ def planned(fs: pafs.FileSystem, root: str, batch: int) -> tuple[dict[str, Any],
     """A planned batch's metadata and its end offsets (one text per source, as Spark wrote it)."""
     path = f"{root}/offsets/{batch}"
     with fs.open_input_stream(path) as fh:
-        version, metadata, *offsets = fh.read().decode().splitlines()
-    if version != OFFSET_LOG_VERSION:
-        raise CheckpointFormatError(f"{path}: offset log {version!r}, this release reads {OFFSET_LOG_VERSION!r}")
-    return json.loads(metadata), offsets
+        lines = fh.read().decode().splitlines()
+    if len(lines) < 2 or lines[0] != OFFSET_LOG_VERSION:
+        found = repr(lines[0]) if lines else "an empty file"
+        raise CheckpointFormatError(f"{path}: offset log {found}, this release reads {OFFSET_LOG_VERSION!r}")
+    return json.loads(lines[1]), lines[2:]
 
 
 def newest_committed(fs: pafs.FileSystem, root: str) -> int | None:

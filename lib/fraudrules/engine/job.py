@@ -20,6 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from fraudrules import event_schema, tables
 from fraudrules.compat import pyspark as pyspark_compat
+from fraudrules.compat import spark_checkpoint
 from fraudrules.config import (
     EVALUATE_QUERY,
     INGEST_QUERY,
@@ -120,8 +121,7 @@ def discard_unstarted(checkpoint: str) -> bool:
     """A checkpoint whose offset log holds no batch has run nothing: clear what a start killed before its first
     offset was written left behind (a temporary offset file, state schema files), which Spark would otherwise
     refuse as a non-empty checkpoint of a new query. True when something was cleared."""
-    offsets = os.path.join(checkpoint, "offsets")
-    if not os.path.isdir(checkpoint) or (os.path.isdir(offsets) and any(n.isdigit() for n in os.listdir(offsets))):
+    if not os.path.isdir(checkpoint) or spark_checkpoint.logged_batches(*lines.open_fs(checkpoint), "offsets"):
         return False
     leftovers = [d for d in ("offsets", "commits", "state") if os.path.isdir(os.path.join(checkpoint, d))]
     for name in leftovers:

@@ -61,6 +61,8 @@ def _create(spark: SparkSession, cfg: JobConfig, name: str, configuration: dict[
     builder takes no three-part name outside Databricks."""
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema(name, cfg).fields)
     listed = ", ".join(f"'{k}' = '{v}'" for k, v in configuration.items())
+    if not cfg.uses_catalog:
+        delta_log.clear_unfinished(cfg.table(name))
     where = cfg.table(name) if cfg.uses_catalog else f"delta.`{cfg.table(name)}`"
     spark.sql(f"CREATE TABLE IF NOT EXISTS {where} ({columns}) USING delta TBLPROPERTIES ({listed})")
 

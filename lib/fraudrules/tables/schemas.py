@@ -118,7 +118,7 @@ _ARROW_TYPES = {
 
 def arrow_fields(ddl_text: str) -> list[pa.Field]:
     """The columns of a table DDL of plain names (`SCHEMAS` but bronze) as Arrow fields, without Spark's parser: what
-    the outbox derives its rows from in Python workers, which have no session."""
+    the outbox derives its rows from when it is imported, with no session yet."""
     return [pa.field(*_name_type(column, " ")) for column in _top_level(ddl_text)]
 
 
