@@ -61,6 +61,8 @@ def test_every_expectation_states_its_invariant_and_cross_table_checks_are_queri
     for vd in cp.validation_definitions:
         for exp in vd.suite.expectations:
             assert (exp.meta or {}).get("invariant"), f"{vd.suite.name}: {exp.expectation_type} says nothing"
+            words = f"{exp.description or ''} {exp.meta['invariant']}"
+            assert not set(words) & set("<>"), f"{vd.suite.name}: Data Docs renders {words!r} as HTML"
             if exp.expectation_type == "unexpected_rows_expectation":
                 queries.append((vd.suite.name, exp.meta["check"], exp.unexpected_rows_query))
         kinds = {e.expectation_type for e in vd.suite.expectations}

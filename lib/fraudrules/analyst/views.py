@@ -273,8 +273,9 @@ def stateful_batches(
 
 
 def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The ingest query's micro-batches: files read and duration (its progress reports), transactions appended
-    to bronze and records quarantined (the tables' commits, each marked with its batch)."""
+    """The ingest query's micro-batches: records read (file lines or Kafka records) and duration (its progress
+    reports), transactions appended to bronze and records quarantined (the tables' commits, each marked with its
+    batch)."""
     import pandas as pd
 
     frame = pd.DataFrame(
@@ -286,7 +287,7 @@ def ingest_batches(spark: SparkSession, cfg: JobConfig, progress: Sequence[Mappi
             )
             for p in progress
         ],
-        columns=["batch", "files", "ms"],
+        columns=["batch", "records", "ms"],
     )
     for table, column in (("transactions", "transactions"), ("quarantine", "quarantined")):
         rows = batch_rows(spark, cfg, table, INGEST_QUERY)
