@@ -194,6 +194,11 @@ _KAFKA_ONLY = ("kafka_",)
 _TRUE = ("1", "true", "yes", "y", "on")
 
 
+def on_databricks() -> bool:
+    """Whether this process runs on a Databricks runtime (its cluster's session, its PySpark build)."""
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
 def config_from(params: Mapping[str, object], **overrides: object) -> JobConfig:
     """A JobConfig from CLI arguments (`vars(args)`) or notebook/job parameters, keyed by field name.
 

@@ -18,15 +18,11 @@ from pyspark.sql import SparkSession
 
 from fraudrules import logs
 from fraudrules.compat import spark_jvm
-from fraudrules.config import JobConfig
+from fraudrules.config import JobConfig, on_databricks
 from fraudrules.jars import local_jars
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 POOLS = "fairscheduler.xml"  # scheduler pools of the job (see engine/job.py)
-
-
-def on_databricks() -> bool:
-    return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
 def background_thread(spark: SparkSession) -> None:

@@ -77,6 +77,22 @@ def test_the_package_has_no_import_circles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # it finds one
 
 
+def test_the_package_s_parts_are_layers():
+    """Between its parts (a subpackage, or a top-level module) too: no part imports one that imports it back, so
+    each depends only on those below it (config at the bottom, then compat, ..., the CLI at the top)."""
+
+    def part(module: str) -> str:
+        return module.split(".")[1] if "." in module else module
+
+    modules = {_module(p) for p in MODULES}
+    graph: dict[str, set[str]] = {}
+    for p in MODULES:
+        names = {n.rsplit(".", 1)[0] if n not in modules else n for n in imported(p)} & modules
+        graph.setdefault(part(_module(p)), set()).update(part(n) for n in names if part(n) != part(_module(p)))
+    assert _cycles(graph) == []
+    assert graph["compat"] <= {"config"} and "cli" not in set().union(*graph.values())
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "tools").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_tools_do_not_import_the_tests(path):
     """Tests may use the dev tools (tools/support: the local broker, the crash demo, fixtures' data), not the other
@@ -149,10 +165,10 @@ def test_third_party_internals_are_used_in_the_compat_package_only(path):
 
 
 def test_the_compat_package_is_the_lowest_layer():
-    """It imports nothing of the package but the session's Databricks check: any layer may use it."""
+    """It imports nothing of the package but the config's Databricks check: any layer may use it."""
     for module in COMPAT.glob("*.py"):
         ours = {n for n in imported(module) if n.startswith("fraudrules.") and not n.startswith("fraudrules.compat")}
-        assert ours <= {"fraudrules.session", "fraudrules.session.on_databricks"}, module.name
+        assert ours <= {"fraudrules.config", "fraudrules.config.on_databricks"}, module.name
 
 
 def test_the_wheel_lists_every_package_of_the_library():

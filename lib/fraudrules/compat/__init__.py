@@ -9,5 +9,5 @@ name on an upgrade that breaks it (docs/operations.md "Upgrading PySpark, Delta,
 - `delta_log`: Delta's transaction log read without a JVM, and a path table's first commit written by hand;
 - `great_expectations`: the GX internals the data-quality sources are built on.
 
-Nothing here imports the rest of the package but `session.on_databricks`.
+Nothing here imports the rest of the package but `config.on_databricks`: every layer may use it.
 """

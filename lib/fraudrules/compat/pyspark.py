@@ -49,7 +49,7 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import QueryIdleEvent, QueryProgressEvent
 
-from fraudrules.session import on_databricks
+from fraudrules.config import on_databricks
 
 try:  # PySpark's private modules: a release that moved one keeps its own code (`MOVED` says why), the job runs on
     from pyspark.sql.conversion import ArrowBatchTransformer
