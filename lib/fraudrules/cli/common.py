@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from fraudrules import logs
-from fraudrules.config import JobConfig, config_from, parse_options
+from fraudrules.config import JobConfig, config_from, on_databricks, parse_options
 from fraudrules.paths import is_remote
 
 if TYPE_CHECKING:
@@ -141,7 +141,6 @@ def read_rules(path: str, what: str, schema: EventSchema, state: str | None = No
 def jars_missing() -> str | None:
     """Why a local session cannot start: its Delta jars are not where they are looked for (one line)."""
     from fraudrules.jars import jars_problem
-    from fraudrules.session import on_databricks
 
     return None if on_databricks() else jars_problem()
 

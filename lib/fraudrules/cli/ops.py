@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fraudrules.config import TABLES, JobConfig
+from fraudrules.config import TABLES, JobConfig, on_databricks
 from fraudrules.paths import output_problem
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ def cmd_quality(args: argparse.Namespace) -> int:
 
     cfg = job_config(args)
     check(output_problem(args.report, "--report") if args.report else None, data_dir_problem(cfg))
-    from fraudrules.session import on_databricks
 
     dq_dir = os.path.abspath(args.dq_dir or os.path.join(args.data_dir, "dq"))
     from fraudrules.local_runtime import QUALITY_HEAP
@@ -86,16 +85,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         for report in maintenance.maintain(spark, cfg, tuple(args.tables)):
             print(report.line())
     finally:
-        if spark is not None and not _on_databricks():
+        if spark is not None and not on_databricks():
             spark.stop()
     print(f"done in {time.monotonic() - started:.1f} s")
     return 0
-
-
-def _on_databricks() -> bool:
-    from fraudrules.session import on_databricks
-
-    return on_databricks()
 
 
 def add_quality(sub, parents: list[argparse.ArgumentParser]) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from fraudrules import logs
-from fraudrules.config import MAX_RESTARTS, RULES_FORMATS, JobConfig, parse_options
+from fraudrules.config import MAX_RESTARTS, RULES_FORMATS, JobConfig, on_databricks, parse_options
 from fraudrules.paths import input_problem, is_remote
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fraudrules.generator import demo_writers, sample_rules_path
     from fraudrules.ops import health
     from fraudrules.rules.model import RuleError
-    from fraudrules.session import kafka_secret_options, on_databricks
+    from fraudrules.session import kafka_secret_options
 
     secrets = kafka_secret_options(args.kafka_secret_scope) if args.kafka_bootstrap else {}
     cfg = job_config(args, logins=True, kafka_options={**parse_options(args.kafka_option), **secrets})
