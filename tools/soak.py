@@ -1,13 +1,14 @@
 """`make bench ARGS="--mode soak --minutes M"`: the continuous job as production runs it (`fraudrules run
---no-generator` on Kafka, alerts published to a topic), fed at a steady rate for M minutes with its table maintenance
-on (the writers' compaction, and `fraudrules maintain` every `--maintain-every` minutes while it writes, as the
-`fraud_maintenance` DAG would). Every `--every` minutes a line: send → alert p50/p99 of the alerts whose transactions
+--no-generator` on Kafka, alerts published to a topic), fed at a steady rate of transactions, and a tenth as many
+logins as `make run`'s generator sends (the login detector's state and tables age too), for M minutes with its table
+maintenance on (the writers' compaction, and `fraudrules maintain` every `--maintain-every` minutes while it writes,
+as the `fraud_maintenance` DAG would). Every `--every` minutes a line: send → alert p50/p99 of the alerts whose events
 were sent in those minutes, the job's process-tree memory (PSS: the mean of a sample every 5 s, its JVM and its Python
 processes apart, and the largest sample), the alerts and transactions tables' live data files,
 bytes and Parquet files on disk, the checkpoint folder's size, and the time of a full read of `alerts` (every row,
 through delta-rs). At the end: the time of the data-quality run, `fraudrules maintain` on the data dir, and the check
-that the alerts received equal the alerts table and a backtest of the same input (the transactions read back from
-their topic).
+that the alerts received equal the alerts table and a backtest of the same input (the transactions and logins read
+back from their topics).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fraudrules.config import EVALUATE_QUERY, JobConfig
-from fraudrules.generator import KafkaRateWriter
+from fraudrules.generator import KafkaRateWriter, LoginWorkload
 from tools import bench, cpu_profile
 
 MIB = 2**20
@@ -168,7 +169,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
     tail.start()
     memory = MemorySamples(child.pid)
     memory.start()
-    writer = None
+    writers: list[KafkaRateWriter] = []
     checkpoint = cfg.checkpoint(EVALUATE_QUERY)
     print(
         f"soak: {rate:,.0f} tx/s for {minutes:g} minutes, a line every {every_min:g} minutes, `fraudrules maintain` "
@@ -178,8 +179,10 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
     try:
         bench._wait_for_line(child, log_path, bench.STARTED_LINE)
         events = bench.workload(count=10**9, seed=99, first_id=10**9, events_per_second=rate).transactions()
-        writer = KafkaRateWriter(broker.bootstrap, topics["transactions"], events, rate, tick_s=bench.KAFKA_TICK_S)
-        writer.start()
+        logins = LoginWorkload(count=10**9, seed=99, events_per_second=rate / 10, attack_every=200).events()
+        for kind, stream, r in (("transactions", events, rate), ("logins", logins, rate / 10)):
+            writers.append(KafkaRateWriter(broker.bootstrap, topics[kind], stream, r, tick_s=bench.KAFKA_TICK_S))
+            writers[-1].start()
         started = time.time()
         next_maintain = started + maintain_every_min * 60
         for k in range(1, int(np.ceil(minutes / every_min)) + 1):
@@ -191,8 +194,7 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
                     next_maintain += maintain_every_min * 60
             lo, hi = started + (k - 1) * every_min * 60, end
             print(interval(data_dir, checkpoint, memory.between(lo, hi), received, lo, hi, started).line(), flush=True)
-        writer.stop()
-        writer.join()
+        _stop(writers)
         sent = sum(end_offsets(broker.bootstrap, topics["transactions"]).values())
         reached = bench._watch(
             child,
@@ -207,16 +209,20 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
         bench._watch(child, log_path, tail, time.time() + 60, until=lambda: tail.caught_up(ends))
         print(f"  {sent:,} transactions sent; the job evaluated all of them: {reached}", flush=True)
     finally:
-        if writer is not None:
-            writer.stop()
-            writer.join()
+        _stop(writers)
         tail.stop()
         memory.stop()
         bench._stop_job(child)
     try:
-        return finish(root, data_dir, broker.bootstrap, topics["transactions"], rules, received, copies[0], dq_min)
+        return finish(root, data_dir, broker.bootstrap, topics, rules, received, copies[0], dq_min)
     finally:
         broker.stop()
+
+
+def _stop(writers: list[KafkaRateWriter]) -> None:
+    for writer in writers:
+        writer.stop()
+        writer.join()
 
 
 def interval(
@@ -261,7 +267,14 @@ def maintain(data_dir: str) -> list[str]:
 
 
 def finish(
-    root: str, data_dir: str, bootstrap: str, topic: str, rules: str, received: dict, copies: int, dq_min: float
+    root: str,
+    data_dir: str,
+    bootstrap: str,
+    topics: dict[str, str],
+    rules: str,
+    received: dict,
+    copies: int,
+    dq_min: float,
 ) -> bool:
     """The checks at the end: data quality, maintenance, alerts received = table = backtest."""
     started = time.monotonic()
@@ -274,7 +287,7 @@ def finish(
 
     table_ids = DeltaTable(os.path.join(data_dir, "tables", "alerts")).to_pyarrow_table(columns=["alertId"])
     in_table = table_ids.column("alertId").to_pylist()
-    backtested = backtest(root, bootstrap, topic, rules)
+    backtested = backtest(root, bootstrap, topics, rules)
     same = set(received) == set(in_table) == backtested and len(in_table) == len(set(in_table))
     print(
         f"  alerts: {len(received):,} received ({copies:,} received again: the topic is at-least-once), "
@@ -285,31 +298,41 @@ def finish(
     return same
 
 
-def backtest(root: str, bootstrap: str, topic: str, rules: str) -> set[str]:
-    """The alert ids of `fraudrules backtest` over every transaction of the topic, in topic order."""
-    from tools.support.kafka_broker import _reader, end_offsets
-
+def backtest(root: str, bootstrap: str, topics: dict[str, str], rules: str) -> set[str]:
+    """The alert ids of `fraudrules backtest` over every transaction and login of the topics, in topic order."""
     source = os.path.join(root, "input")
-    os.makedirs(source, exist_ok=True)
-    ends = end_offsets(bootstrap, topic)
-    consumer = _reader(bootstrap)
+    counts = {kind: _dump(bootstrap, topics[kind], os.path.join(source, kind)) for kind in ("transactions", "logins")}
+    alerts = os.path.join(root, "backtest-alerts.jsonl")
+    started = time.monotonic()
+    inputs = [arg for kind in counts for arg in (f"--{kind}", os.path.join(source, kind))]
+    done = _fraudrules("backtest", *inputs, "--rules", rules, "--out", alerts)
+    print(
+        f"  backtest of the {counts['transactions']:,} transactions and {counts['logins']:,} logins: "
+        f"exit {done.returncode} in {time.monotonic() - started:.0f} s"
+    )
+    if done.returncode:
+        print(done.stdout[-2000:] + done.stderr[-2000:], flush=True)
+        return set()
+    with open(alerts, encoding="utf-8") as fh:
+        return {json.loads(line)["alertId"] for line in fh}
+
+
+def _dump(bootstrap: str, topic: str, folder: str) -> int:
+    """Every message of `topic`, partition by partition in offset order, as JSON lines in `folder`; how many."""
     from confluent_kafka import TopicPartition
 
+    from tools.support.kafka_broker import _reader, end_offsets
+
+    os.makedirs(folder, exist_ok=True)
+    ends = end_offsets(bootstrap, topic)
+    consumer = _reader(bootstrap)
     consumer.assign([TopicPartition(topic, p, 0) for p in ends])
     left, n, deadline = sum(ends.values()), 0, time.monotonic() + 1_800
-    with open(os.path.join(source, "transactions.jsonl"), "wb") as out:
+    with open(os.path.join(folder, "events.jsonl"), "wb") as out:
         while n < left and time.monotonic() < deadline:
             for msg in consumer.consume(10_000, timeout=5):
                 if msg.error() is None:
                     out.write(msg.value() + b"\n")
                     n += 1
     consumer.close()
-    alerts = os.path.join(root, "backtest-alerts.jsonl")
-    started = time.monotonic()
-    done = _fraudrules("backtest", "--transactions", source, "--rules", rules, "--out", alerts)
-    print(f"  backtest of the {n:,} transactions: exit {done.returncode} in {time.monotonic() - started:.0f} s")
-    if done.returncode:
-        print(done.stdout[-2000:] + done.stderr[-2000:], flush=True)
-        return set()
-    with open(alerts, encoding="utf-8") as fh:
-        return {json.loads(line)["alertId"] for line in fh}
+    return n

@@ -59,3 +59,13 @@ def test_files_are_modified_in_the_order_written(tmp_path):
     files = sorted(tmp_path.glob("part-*.json"))
     modified = [f.stat().st_mtime_ns // 1_000_000 for f in files]
     assert len(files) == 50 and all(a < b for a, b in itertools.pairwise(modified))
+
+
+def test_no_user_logs_in_twice_in_one_millisecond():
+    """The soak's 100 logins a second among 500 users drew one user twice within a millisecond: two identical events
+    (user, type, IP, time). Each user's times rise strictly."""
+    events = list(LoginWorkload(count=100_000, seed=99, events_per_second=100.0, attack_every=200).events())
+    per_user: dict[int, list[int]] = {}
+    for e in events:
+        per_user.setdefault(e["userId"], []).append(e["eventTimestamp"])
+    assert all(a < b for times in per_user.values() for a, b in itertools.pairwise(times))
