@@ -77,8 +77,11 @@ LOCAL_BROKER := $(and $(filter kafka,$(SOURCE)),$(if $(findstring --kafka-bootst
 run: setup
 	$(if $(LOCAL_BROKER),$(BIN)/python -m tools.kafka_local with-broker --work-dir $(DATA_DIR)/kafka --) $(RUN)
 
+# The whole suite in TEST_WORKERS processes (0: in this one), each test file whole in one of them: most of the
+# suite's time is spent waiting on child JVMs, brokers and streams, which the other worker fills.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The quick loop: the unit tier (no JVM, jars or Airflow: only the venv), its property tests at a fifth of their
 # examples (tests/support/properties.py); `make test` runs them in full.
