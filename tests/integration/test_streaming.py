@@ -212,3 +212,33 @@ def test_same_input_cut_differently_gives_same_alerts(spark, tmp_path):
             stream.stop()
         results.append(stream.alerts())
     assert results[0] == results[1] and results[0]
+
+
+def test_the_state_reader_keys_each_live_event_in_spark(spark, tmp_path):
+    """`state_reader.entries` (what the window_state suite checks, decoded, joined and keyed by Spark's tasks): one
+    row per retained event a window can still reach, per rule, keyed as the engine keys it; an event whose
+    transaction bronze lacks has a null key."""
+    from delta.tables import DeltaTable
+
+    rules = [
+        rule(1, window=1, keys=("payeeId",)),
+        rule(2, field="COUNT_FLINK", op="GREATER_EQUAL", limit="99", window=10, keys=("beneficiaryId", "paymentType")),
+    ]
+    stream = FileStream(spark, str(tmp_path), rules, lateness_ms=5_000, shards=4).start()
+    try:
+        stream.feed([txn(i, 10_000 * i, payee=i % 3 + 1) for i in range(1, 13)])  # watermark 120 − 5 s
+    finally:
+        stream.stop()
+    entries = state_reader.entries(spark, stream.cfg).toPandas()
+    assert tuple(entries.columns) == state_reader.STATE_COLUMNS
+    rows = {r: part.sort_values("transactionId") for r, part in entries.groupby("ruleId")}
+    assert list(rows[1]["transactionId"]) == list(range(6, 13))  # 1 minute back from 115 s: from 55 s on
+    assert list(rows[1]["key"]) == [f'{{"payeeId":"{i % 3 + 1}"}}' for i in range(6, 13)]
+    assert list(rows[2]["transactionId"]) == list(range(1, 13))
+    assert set(rows[2]["key"]) == {'{"beneficiaryId":"1","paymentType":"CSH"}'}
+    assert list(rows[1]["eventTime"]) == [10_000 * i for i in range(6, 13)]
+    assert len(state_reader.events(spark, stream.cfg, live=False)) >= len(entries) == 19
+
+    DeltaTable.forPath(spark, stream.cfg.table("transactions")).delete("transactionId = 12")
+    unkeyed = state_reader.entries(spark, stream.cfg).where("key IS NULL").toPandas()
+    assert sorted(unkeyed["ruleId"]) == [1, 2] and set(unkeyed["transactionId"]) == {12}

@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-import pandas as pd
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from fraudrules import event_schema, tables
 from fraudrules.compat.great_expectations import (
@@ -44,10 +44,6 @@ from fraudrules.engine import ingest, lines
 from fraudrules.ops import state_reader
 
 SNAPSHOT = "snapshot"  # the one batch parameter: what this run reads (see `pin`)
-WINDOW_STATE_SCHEMA = (
-    "shard long, ruleId long, sig long, key string, eventTime long, transactionId long, seq long, value long, "
-    "batchId long, watermarkMs long, batchTimeMs long, latenessMs long"
-)
 LOGIN_STATE_SCHEMA = (
     "shard long, ruleId long, userId long, start long, failedIps array<string>, batchId long, watermarkMs long, "
     "batchTimeMs long, latenessMs long"
@@ -159,11 +155,14 @@ def missing_state(cfg: JobConfig, detector: str) -> str | None:
 # ------------------------------------------------------------------------------------------ state frames
 
 
-def _facts(frame: pd.DataFrame, cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> pd.DataFrame:
-    """A detector's state rows with the facts of the batch they are the state of (what its checks compare with)."""
-    return frame.assign(
-        batchId=batch.batch_id, watermarkMs=watermark, batchTimeMs=batch.timestamp_ms, latenessMs=cfg.lateness_ms
-    )
+def _facts(cfg: JobConfig, batch: state_reader.CommittedBatch, watermark: int) -> dict[str, int]:
+    """The facts of the batch a detector's state rows are the state of (what its checks compare with)."""
+    return {
+        "batchId": batch.batch_id,
+        "watermarkMs": watermark,
+        "batchTimeMs": batch.timestamp_ms,
+        "latenessMs": cfg.lateness_ms,
+    }
 
 
 def _watermark(marks: dict[int, int]) -> int:
@@ -175,25 +174,25 @@ def window_state(
     spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, marks: dict[int, int]
 ) -> DataFrame:
     """The evaluate query's retained events that a window can still reach (by the shards' watermarks `marks`),
-    one row each, with the batch's facts."""
-    frame = _facts(state_reader.entries(spark, cfg, batch.batch_id, marks), cfg, batch, _watermark(marks))
-    return _kept(spark, frame, WINDOW_STATE_SCHEMA)
+    one row each, with the batch's facts: built by Spark's tasks (an hour of state is millions of rows)."""
+    facts = _facts(cfg, batch, _watermark(marks))
+    frame = state_reader.entries(spark, cfg, batch.batch_id, marks)
+    return _kept(frame.withColumns({k: F.lit(v).cast("long") for k, v in facts.items()}))
 
 
 def login_state(
     spark: SparkSession, cfg: JobConfig, batch: state_reader.CommittedBatch, marks: dict[int, int]
 ) -> DataFrame:
-    """The login detector's open sequences, one row each, with the batch's facts."""
-    frame = _facts(state_reader.login_sequences(spark, cfg, batch.batch_id), cfg, batch, _watermark(marks))
-    return _kept(spark, frame, LOGIN_STATE_SCHEMA)
+    """The login detector's open sequences, one row each, with the batch's facts (a few per user: in the
+    driver)."""
+    frame = state_reader.login_sequences(spark, cfg, batch.batch_id).assign(**_facts(cfg, batch, _watermark(marks)))
+    return _kept(spark.createDataFrame(pa.Table.from_pandas(frame, preserve_index=False), LOGIN_STATE_SCHEMA))
 
 
-def _kept(spark: SparkSession, frame: pd.DataFrame, schema: str) -> DataFrame:
-    """The driver's rows as a Spark frame, through Arrow (row by row, an hour's state, millions of retained events,
-    took longer than the hour), kept in Spark's block store by the first expectation that reads it: else every
-    expectation (each a Spark job or more) ships every row to its tasks again."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    return spark.createDataFrame(table, schema).persist(StorageLevel.MEMORY_AND_DISK)
+def _kept(frame: DataFrame) -> DataFrame:
+    """A state frame kept in Spark's block store by the first expectation that reads it: else every expectation
+    (each a Spark job or more) decodes and keys the state again."""
+    return frame.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 # ------------------------------------------------------------------------------------------ GX types

@@ -8,6 +8,7 @@ detector's open sequences, kept by the same query.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,8 @@ from fraudrules.engine.shard_values import VALUE, read_state
 from fraudrules.engine.state import Bounds, Meta, Resets, decode
 from fraudrules.engine.windowing import FIELDS
 
-STATE_COLUMNS = ("shard", "ruleId", "sig", "key", "eventTime", "transactionId", "seq", "value")
+STATE_SCHEMA = "shard long, ruleId long, sig long, key string, eventTime long, transactionId long, seq long, value long"
+STATE_COLUMNS = tuple(column.split()[0] for column in STATE_SCHEMA.split(", "))
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,66 @@ def _batch(cfg: JobConfig, batch_id: int | None) -> CommittedBatch | None:
     return last_committed(cfg) if batch_id is None else committed(cfg, EVALUATE_QUERY, batch_id)
 
 
+EVENTS_ARROW = pa.schema([("shard", pa.int64()), *[(f, pa.int64()) for f in FIELDS]])
+EVENTS_SCHEMA = ", ".join(f"{f.name} long" for f in EVENTS_ARROW)
+
+
+def events_frame(
+    spark: SparkSession,
+    cfg: JobConfig,
+    batch_id: int | None = None,
+    live: bool = True,
+    marks: dict[int, int] | None = None,
+) -> DataFrame:
+    """Retained events of the window rules, one row each: shard number and the engine's event columns; with
+    `live`, only those a future window can still reach (by the engine's own rules and watermark: `marks` when the
+    caller has read them, see `watermarks`). Decoded by Spark's tasks, chunk by chunk: an hour of state is
+    millions of events, which the driver need not hold."""
+    batch = _batch(cfg, batch_id)
+    if batch is None:
+        return spark.createDataFrame([], EVENTS_SCHEMA)
+    if live and marks is None:
+        marks = watermarks(spark, cfg, batch.batch_id)
+    chunks = raw(spark, cfg, "chunks", batch.batch_id)
+    decoder = _Decoder(
+        _index(cfg),
+        _values(spark, cfg, "rules", batch.batch_id),
+        {s: bytes(b) for s, b in _values(spark, cfg, "resets", batch.batch_id).items()},
+        marks if live else None,
+        event_schema.for_job(cfg),
+    )
+    blobs = chunks.select(F.col("key.shard").alias("label"), F.col("user_map_value.blob").alias("blob"))
+    return blobs.mapInArrow(decoder.events, EVENTS_SCHEMA)
+
+
+@dataclass(frozen=True)
+class _Decoder:
+    """A task's decoding of chunks (grouping label, blob) into events: per shard number its rules in force (JSON),
+    reset rules and, for live events only, its watermark."""
+
+    index: dict[int, int]
+    rules: dict[int, str]
+    resets: dict[int, bytes]
+    marks: dict[int, int] | None
+    schema: event_schema.EventSchema
+
+    def events(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        live: dict[int, tuple[Bounds, Resets]] = {}
+        for batch in batches:
+            for label, blob in zip(batch.column("label").to_pylist(), batch.column("blob").to_pylist(), strict=True):
+                shard = self.index[int(label)]
+                ev = decode(blob)
+                if self.marks is not None:
+                    if shard not in live:
+                        windows = RuleSet.from_json(self.rules[shard], self.schema).windows()
+                        reset = Resets.decode(self.resets[shard]) if shard in self.resets else Resets.empty()
+                        live[shard] = (Bounds.of(windows, self.marks[shard]), reset)
+                    bounds, reset = live[shard]
+                    ev = ev.take(np.flatnonzero(bounds.mask(ev) & ~reset.hidden(ev)))
+                columns = {"shard": np.full(len(ev), shard, dtype=np.int64), **ev.columns()}
+                yield pa.RecordBatch.from_pydict(columns, schema=EVENTS_ARROW)
+
+
 def events(
     spark: SparkSession,
     cfg: JobConfig,
@@ -98,67 +160,60 @@ def events(
     live: bool = True,
     marks: dict[int, int] | None = None,
 ) -> pd.DataFrame:
-    """Retained events of the window rules, one row each: shard number and the engine's event columns; with
-    `live`, only those a future window can still reach (by the engine's own rules and watermark: `marks` when the
-    caller has read them, see `watermarks`)."""
-    batch = _batch(cfg, batch_id)
-    if batch is None:
-        return pd.DataFrame(columns=["shard", *FIELDS])
-    schema = event_schema.for_job(cfg)
-    rules = {s: RuleSet.from_json(t, schema) for s, t in _values(spark, cfg, "rules", batch.batch_id).items()}
-    resets = {s: Resets.decode(bytes(b)) for s, b in _values(spark, cfg, "resets", batch.batch_id).items()}
-    frames, index = [], _index(cfg)
-    if live and marks is None:
-        marks = watermarks(spark, cfg, batch.batch_id)
-    for row in raw(spark, cfg, "chunks", batch.batch_id).collect():
-        shard = index[int(row.key.shard)]
-        ev = decode(bytes(row.user_map_value.blob))
-        if live:
-            keep = Bounds.of(rules[shard].windows(), marks[shard]).mask(ev)
-            ev = ev.take(np.flatnonzero(keep & ~resets.get(shard, Resets.empty()).hidden(ev)))
-        frames.append(pd.DataFrame({"shard": shard, **ev.columns()}))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["shard", *FIELDS])
+    """`events_frame` in the driver."""
+    return events_frame(spark, cfg, batch_id, live, marks).toPandas()
 
 
 def entries(
     spark: SparkSession, cfg: JobConfig, batch_id: int | None = None, marks: dict[int, int] | None = None
-) -> pd.DataFrame:
-    """One row per retained event the engine can still use (`events`, live), with its key (the transaction's
-    grouping fields, read back from bronze) and its transaction."""
-    ev = events(spark, cfg, batch_id, marks=marks)
-    if ev.empty:
-        return pd.DataFrame(columns=list(STATE_COLUMNS))
+) -> DataFrame:
+    """One row per retained event the engine can still use (`events_frame`, live), with its key (the transaction's
+    grouping fields, read back from bronze; null where bronze lacks the transaction) and its transaction
+    (STATE_SCHEMA). Joined and keyed by Spark's tasks, with the engine's own keying."""
     batch = _batch(cfg, batch_id)
+    if batch is None:
+        return spark.createDataFrame([], STATE_SCHEMA)
     schema = event_schema.for_job(cfg)
-    rules = RuleSet.from_json(next(iter(_values(spark, cfg, "rules", batch.batch_id).values())), schema)
-    # A semi join with the ids (sent through Arrow), not `isin`: an hour of state retains millions of transactions,
-    # and an IN list is sent over py4j and planned one literal at a time.
-    ids = spark.createDataFrame(pa.table({"transactionId": np.unique(ev["tx"].to_numpy(np.int64))}))
-    wanted = tables.read(spark, cfg, "transactions").join(ids, "transactionId", "left_semi")
+    rules = RuleSet.from_json(next(iter(_values(spark, cfg, "rules", batch.batch_id).values()), None), schema)
     # the transactions as the engine read them (its own columns), so that keys read as the engine writes them; only
-    # the id and the rules' grouping fields (Parquet reads no other column: an hour of bronze is gigabytes)
-    used = {n for r in ev["rule"].unique() for n in rules.rule(int(r)).grouping_key_names}
-    columns = [schema.input_column(n) for n in ("transactionId", *sorted(used))]
-    typed = numeric(wanted.withColumn("srcTime", F.lit(0)), schema).select(*columns)
-    frame = typed.toPandas().drop_duplicates("transactionId")
-    tx = keying.Transactions(frame.reset_index(drop=True), schema)  # in the frame's order
-    rows = pd.Index(tx.column("transactionId")).get_indexer(ev["tx"].to_numpy(np.int64))  # -1: not in bronze
-    keys = np.full(len(ev), None, dtype=object)
-    for rule_id, at in ev.groupby("rule").indices.items():  # one keying call per rule, not per event
-        found = at[rows[at] >= 0]
-        keys[found] = keying.key_texts(tx, rules.rule(int(rule_id)), rows[found])
-    out = ev.rename(columns={"rule": "ruleId", "t": "eventTime", "tx": "transactionId", "val": "value"})
-    return out.assign(key=keys)[list(STATE_COLUMNS)].astype({c: "int64" for c in STATE_COLUMNS if c != "key"})
+    # the id and the window rules' grouping fields (Parquet reads no other column: an hour of bronze is gigabytes)
+    window_rules = {rid: r for rid in rules.rules if (r := rules.usable(rid)) is not None and r.rule_type == "WINDOW"}
+    used = sorted({n for r in window_rules.values() for n in r.grouping_key_names})
+    columns = [schema.input_column(n) for n in used]
+    inputs = {f"_in{i}": column for i, column in enumerate(columns)}  # apart from the events' own column names
+    bronze = numeric(tables.read(spark, cfg, "transactions").withColumn("srcTime", F.lit(0)), schema)
+    typed = bronze.select(
+        F.col(schema.input_column("transactionId")).alias("_tx"), *[F.col(c).alias(a) for a, c in inputs.items()]
+    ).dropDuplicates(["_tx"])
+    # a left join with the numbers of a transaction bronze lacks as 0 (an int64 column stays one in pandas) and
+    # `_found` false: its key is null
+    joined = events_frame(spark, cfg, batch.batch_id, marks=marks).join(typed, F.col("tx") == F.col("_tx"), "left")
+    numbers = {a for a, kind in typed.dtypes if kind == "bigint"}
+    kept = [F.coalesce(F.col(a), F.lit(0)).alias(a) if a in numbers else F.col(a) for a in inputs]
+    rows = joined.select(*EVENTS_ARROW.names, F.col("_tx").isNotNull().alias("_found"), *kept)
+
+    def keyed(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            found = frame["_found"].to_numpy(bool)
+            tx = keying.Transactions(frame[list(inputs)].rename(columns=inputs).reset_index(drop=True), schema)
+            keys = np.full(len(frame), None, dtype=object)
+            for rule_id, at in frame.groupby("rule").indices.items():  # one keying call per rule, not per event
+                rule = window_rules.get(int(rule_id))  # None: the job's event schema no longer declares its fields
+                if rule is not None:
+                    keys[at[found[at]]] = keying.key_texts(tx, rule, at[found[at]])
+            out = frame.rename(columns={"rule": "ruleId", "t": "eventTime", "tx": "transactionId", "val": "value"})
+            yield out.assign(key=keys)[list(STATE_COLUMNS)]
+
+    return rows.mapInPandas(keyed, STATE_SCHEMA)
 
 
 def keys(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:
     """Per (ruleId, key): retained events and their event-time span."""
-    df = entries(spark, cfg, batch_id)
-    return (
-        df.groupby(["ruleId", "key"])
-        .agg(events=("eventTime", "size"), oldest=("eventTime", "min"), newest=("eventTime", "max"))
-        .reset_index()
+    per_key = entries(spark, cfg, batch_id).groupBy("ruleId", "key")
+    spans = per_key.agg(
+        F.count("*").alias("events"), F.min("eventTime").alias("oldest"), F.max("eventTime").alias("newest")
     )
+    return spans.orderBy("ruleId", "key").toPandas()
 
 
 def login_sequences(spark: SparkSession, cfg: JobConfig, batch_id: int | None = None) -> pd.DataFrame:
