@@ -146,19 +146,20 @@ def _per_rule(writer: tables.TableWriter, table: str) -> dict[int, int]:
     return dict(zip(counts.column("ruleId").to_pylist(), counts.column("count_all").to_pylist(), strict=True))
 
 
-def write_alerts(spark: SparkSession, cfg: JobConfig, out: str) -> int:
-    """Alerts as JSON lines, ordered by (ruleId, transactionId); `key` as an object of name → value, and
-    `eventTime` as an ISO timestamp beside the exact `eventTimeMs`.
+def write_alerts(spark: SparkSession, cfg: JobConfig, out: str, table: str = "alerts") -> int:
+    """Alerts (of `table`: alerts or shadow_alerts) as JSON lines, ordered by (ruleId, transactionId); `key` as an
+    object of name → value, and `eventTime` as an ISO timestamp beside the exact `eventTimeMs`: the one format of
+    alerts in files (`backtest --out`, `export alerts`, notebook 04's export).
 
     One rule's alerts at a time (a scan each), sorted there: the driver holds a rule's alerts and the next one's
     (read while this one's lines are written: Arrow scans without holding the GIL), not all of them. Lines are
     built column by column (`alert_lines`) and written as Arrow's buffer."""
     writer = tables.writer(spark, cfg)
     order = [(c, "ascending", "at_start") for c in ORDER]  # nulls first, as Spark sorts
-    rule_ids = sorted(_per_rule(writer, "alerts"))
+    rule_ids = sorted(_per_rule(writer, table))
     n = 0
     with open(out, "wb") as fh:
-        for rows in _read_ahead(lambda r: writer.arrow("alerts", ALERT_FIELDS, where=("ruleId", r)), rule_ids):
+        for rows in _read_ahead(lambda r: writer.arrow(table, ALERT_FIELDS, where=("ruleId", r)), rule_ids):
             ordered = pc.sort_indices(rows.select(list(ORDER)), sort_keys=order)
             for start in range(0, len(ordered), WRITE_ROWS):  # the lines of a slice at a time
                 lines = alert_lines(rows.take(ordered[start : start + WRITE_ROWS]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -234,6 +235,14 @@ def test_export_and_status_as_written(tmp_path, backtest_data):
     assert_quiet(res)
     rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
     assert rows and res.stdout == f"wrote {len(rows):,} rows of alerts to a.jsonl\n"
+    # one format of alerts in files: as the backtest wrote them (`key` an object, `eventTime` in UTC)
+    assert rows == [json.loads(line) for line in (backtest_data.parent / "alerts.jsonl").read_text().splitlines()]
+    res = fraudrules("export", "rules", "--out", "r.jsonl", cwd=tmp_path)
+    assert_quiet(res)
+    rules = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rules and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", r["updatedAt"]) for r in rules), (
+        rules[0]
+    )
     status = fraudrules("status", "--data-dir", "data", cwd=tmp_path)
     assert status.returncode == 0 and "action" in json.loads(status.stdout)
 

@@ -8,14 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from fraudrules.config import TABLES
-from fraudrules.paths import input_problem, output_problem
-from fraudrules.rules.text import plural
-
-if TYPE_CHECKING:
-    pass
 from fraudrules.cli.common import (
     EVENT_SCHEMA_HELP,
     UsageError,
@@ -29,6 +22,11 @@ from fraudrules.cli.common import (
     spark_session,
     table_problem,
 )
+from fraudrules.config import TABLES
+from fraudrules.paths import input_problem, output_problem
+from fraudrules.rules.text import plural
+
+ALERT_TABLES = ("alerts", "shadow_alerts")  # exported as alerts: one format of alerts in files
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -79,7 +77,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     spark = spark_session(short_lived=True, cfg=cfg)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    n = tables.export_jsonl(spark, cfg, args.table, args.out)
+    if args.table in ALERT_TABLES:  # as `backtest --out` writes them
+        from fraudrules.backtest import write_alerts
+
+        n = write_alerts(spark, cfg, args.out, args.table)
+    else:
+        n = tables.export_jsonl(spark, cfg, args.table, args.out)
     print(f"wrote {plural(n, 'row')} of {args.table} to {args.out}")
     spark.stop()
     return 0
@@ -123,7 +126,9 @@ def add_backtest(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def add_export(sub, parents: list[argparse.ArgumentParser]) -> None:
-    ex = sub.add_parser("export", parents=parents, help="dump a Delta table as JSON lines")
+    ex = sub.add_parser(
+        "export", parents=parents, help="dump a Delta table as JSON lines (alerts as backtest --out writes them)"
+    )
     ex.add_argument("table", choices=TABLES, metavar="TABLE", help=f"one of: {', '.join(TABLES)}")
     ex.add_argument("--out", required=True, metavar="FILE", help="the JSON-lines file to write")
     ex.set_defaults(func=cmd_export)

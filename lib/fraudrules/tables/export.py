@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal
 
 import pyarrow as pa
@@ -33,13 +33,13 @@ _NUM = "\u0000num:"
 
 
 def to_json_line(record: dict) -> str:
-    """JSON with Decimals written as exact JSON numbers (not floats, not strings)."""
+    """JSON with Decimals written as exact JSON numbers (not floats, not strings), timestamps in UTC (`utc_text`)."""
 
     def conv(v):
         if isinstance(v, Decimal):
             return exact_number(v)
         if isinstance(v, datetime):
-            return v.isoformat()
+            return utc_text(v)
         if isinstance(v, dict):
             return {k: conv(x) for k, x in v.items()}
         if isinstance(v, list):
@@ -47,6 +47,12 @@ def to_json_line(record: dict) -> str:
         return v
 
     return json_text({k: conv(v) for k, v in record.items()})
+
+
+def utc_text(t: datetime) -> str:
+    """A timestamp as Spark hands it to Python (naive, in this machine's time zone) as ISO text in UTC, with `Z`
+    (as `backtest --out` writes an alert's `eventTime`): a reader elsewhere reads the same instant."""
+    return t.astimezone(timezone.utc).replace(tzinfo=None).isoformat() + "Z"
 
 
 def number_text(v: Decimal) -> str:
