@@ -42,7 +42,7 @@ def test_short_lived_sessions_keep_a_small_heap_committed_as_used(short_lived, m
     flags = final_flags(local_runtime.jvm_options(short_lived))
     assert (flags["UseSerialGC"], flags["UseG1GC"]) == (("true", "false") if short_lived else ("false", "true"))
     assert local_runtime.driver_memory(short_lived) == ("768m" if short_lived else "3g")
-    assert local_runtime.driver_memory(short_lived, local_runtime.QUALITY_HEAP) == "4g"  # a session that needs more
+    assert local_runtime.driver_memory(short_lived, local_runtime.QUALITY_HEAP) == "2g"  # a session that needs more
     monkeypatch.setenv(local_runtime.DRIVER_MEMORY_ENV, "1g")
     assert local_runtime.driver_memory(short_lived) == local_runtime.driver_memory(short_lived, "2g") == "1g"
 
