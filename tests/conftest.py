@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -28,3 +30,38 @@ def spark(tmp_path_factory):
     session = get_spark("fraudrules-tests", cfg=catalog)
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _jvm_stacks_on_hang(request):
+    """A test still running when faulthandler prints its Python stacks (pyproject's faulthandler_timeout) also
+    prints the threads of this process's JVMs: a collect or a Python worker that hangs shows where the JVM waits."""
+    after_s = float(request.config.getini("faulthandler_timeout") or 0)
+    timer = threading.Timer(after_s, _print_jvm_stacks)
+    timer.daemon = True
+    if after_s:
+        timer.start()
+    yield
+    timer.cancel()
+
+
+def _print_jvm_stacks() -> None:
+    for pid in _descendants(os.getpid()):
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+            dump = subprocess.run(["jstack", str(pid)], capture_output=True, text=True, timeout=60)
+            print(f"JVM {pid} threads:\n{dump.stdout}{dump.stderr}", file=sys.__stderr__, flush=True)
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        todo.extend(kids := children.get(todo.pop(), []))
+        found.extend(kids)
+    return found

@@ -56,7 +56,7 @@ from fraudrules.engine import job
 from fraudrules.engine.lines import open_fs
 from fraudrules.engine.outbox import OUTBOX_FOLDER, Outbox
 from fraudrules.engine.publisher import PROGRESS as PUBLISHED
-from fraudrules.generator import LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
+from fraudrules.generator import TRANSACTIONS_PER_LOGIN, LoginWorkload, RateWriter, RichWorkload, Workload, write_jsonl
 from fraudrules.rules import store
 from fraudrules.rules.model import Rule, load_rules_file, parse_rule
 from fraudrules.session import get_spark
@@ -250,7 +250,7 @@ def latency(spark, root: str, rate: float, seconds: float, logins: bool, profile
             RateWriter(
                 cfg.logins_landing,
                 LoginWorkload(count=10**9, attack_every=50).events(),
-                rate=rate / 10,
+                rate=rate / TRANSACTIONS_PER_LOGIN,
                 time_field="eventTimestamp",
             )
         )
@@ -286,7 +286,8 @@ def latency(spark, root: str, rate: float, seconds: float, logins: bool, profile
     progress = [p for p in running.evaluate.recentProgress if beats.get(p.batchId, {}).get("transactions")]
     logins_count = int((rows["kind"] == "LOGIN_ANOMALY").sum())
     return [
-        f"{name}: {rate:,.0f} tx/s for {seconds:.0f} s{' + logins at ' + f'{rate / 10:,.0f}/s' if logins else ''}, "
+        f"{name}: {rate:,.0f} tx/s for {seconds:.0f} s"
+        f"{' + logins at ' + f'{rate / TRANSACTIONS_PER_LOGIN:,.0f}/s' if logins else ''}, "
         f"{len(rows):,} alerts ({logins_count} login anomalies), histogram {png}",
         f"  ingestion → alert handed to consumers: {_percentiles(published)}",
         f"  ingestion → alert in the Delta table: {_percentiles(in_delta)}",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fraudrules.config import EVALUATE_QUERY, JobConfig
-from fraudrules.generator import KafkaRateWriter, LoginWorkload
+from fraudrules.generator import TRANSACTIONS_PER_LOGIN, KafkaRateWriter, LoginWorkload
 from tools import bench, cpu_profile
 
 MIB = 2**20
@@ -172,15 +172,17 @@ def soak(root: str, minutes: float, rate: float, every_min: float, maintain_ever
     writers: list[KafkaRateWriter] = []
     checkpoint = cfg.checkpoint(EVALUATE_QUERY)
     print(
-        f"soak: {rate:,.0f} tx/s for {minutes:g} minutes, a line every {every_min:g} minutes, `fraudrules maintain` "
-        f"every {maintain_every_min:g} minutes (job log {log_path})",
+        f"soak: {rate:,.0f} tx/s and {rate / TRANSACTIONS_PER_LOGIN:,.0f} logins/s for {minutes:g} minutes, "
+        f"a line every {every_min:g} minutes, `fraudrules maintain` every {maintain_every_min:g} minutes "
+        f"(job log {log_path})",
         flush=True,
     )
     try:
         bench._wait_for_line(child, log_path, bench.STARTED_LINE)
         events = bench.workload(count=10**9, seed=99, first_id=10**9, events_per_second=rate).transactions()
-        logins = LoginWorkload(count=10**9, seed=99, events_per_second=rate / 10, attack_every=200).events()
-        for kind, stream, r in (("transactions", events, rate), ("logins", logins, rate / 10)):
+        login_rate = rate / TRANSACTIONS_PER_LOGIN
+        logins = LoginWorkload(count=10**9, seed=99, events_per_second=login_rate, attack_every=200).events()
+        for kind, stream, r in (("transactions", events, rate), ("logins", logins, login_rate)):
             writers.append(KafkaRateWriter(broker.bootstrap, topics[kind], stream, r, tick_s=bench.KAFKA_TICK_S))
             writers[-1].start()
         started = time.time()

@@ -25,6 +25,7 @@ from fraudrules.kafka_client import producer, send
 _CHUNK = 100_000
 SAMPLE_RULES = "sample_rules.json"  # rules that catch the injected bursts, plus the login detector (in the package)
 RICH_SAMPLE_RULES = "sample_rules_rich.json"  # the same, plus rules on the rich schema's fields
+TRANSACTIONS_PER_LOGIN = 10  # the demo's mix: a login for every ten transactions
 
 
 def sample_rules_path(schema: EventSchema = DEFAULT) -> str:
@@ -351,7 +352,13 @@ def demo_writers(cfg: JobConfig, rate: float, schema: EventSchema = DEFAULT) -> 
     logins = LoginWorkload(count=10**12, seed=first_id % 2**31, attack_every=200)
     streams = [
         (cfg.landing, cfg.kafka_transactions_topic, transactions.transactions(), rate, "eventTime"),
-        (cfg.logins_landing, cfg.kafka_logins_topic, logins.events(), max(1.0, rate / 10), "eventTimestamp"),
+        (
+            cfg.logins_landing,
+            cfg.kafka_logins_topic,
+            logins.events(),
+            max(1.0, rate / TRANSACTIONS_PER_LOGIN),
+            "eventTimestamp",
+        ),
     ]
     if cfg.source == "kafka":
         return [
