@@ -69,6 +69,7 @@ EVENT_KINDS = {
     "rich": (event_schema.builtin_path("rich"), RichWorkload, Path(__file__).with_name("bench_rules_rich.json")),
 }
 EVENTS = "default"  # the --events of this run
+RULES_TABLE = False  # --rules-table: the Kafka job's rules from a Delta rules table's change feed
 PROFILES = ("local", "cluster")
 CLUSTER_SHARDS = 16  # the bundle's shards and state partitions
 BENCH_SCHEMA = "fraudrules_bench"
@@ -581,6 +582,8 @@ def kafka_command(bootstrap: str, data_dir: str, topics: dict[str, str], profile
     """The production command line of the job on Kafka, with the given rules (and the schema's DDL)."""
     command = [sys.executable, "-m", "fraudrules.cli", "run", "--no-generator", "--source", "kafka"]
     command += ["--kafka-bootstrap", bootstrap, "--data-dir", data_dir, "--rules", rules]
+    if RULES_TABLE:  # created by the job with the rules file's rules; the rules query follows its change feed
+        command += ["--rules-table", os.path.abspath(os.path.join(data_dir, "rules_admin"))]
     for kind, topic in topics.items():
         command += [f"--{kind}-topic", topic]
     if EVENT_KINDS[EVENTS][0]:
@@ -807,7 +810,8 @@ def main(
     writes = "catalog tables, Spark's Delta writer" if profile == "cluster" else "path tables, delta-rs"
     print(
         f"fraudrules bench, profile {profile}, on {os.cpu_count()} cores (local[2], {shards} shards, {writes}, "
-        f"RocksDB state store), {EVENTS} event schema, {time.strftime('%Y-%m-%d')}",
+        f"RocksDB state store), {EVENTS} event schema"
+        f"{', rules from a Delta rules table (change feed)' if RULES_TABLE else ''}, {time.strftime('%Y-%m-%d')}",
         flush=True,
     )
     if profile == "cluster":
@@ -890,9 +894,16 @@ def cli(argv: list[str] | None = None) -> int:
         "window that long (long-lived state under the live input)",
     )
     p.add_argument("--preload-rate", type=float, default=50.0, help="transactions/s of event time of the preload")
+    p.add_argument(
+        "--rules-table",
+        action="store_true",
+        help="kafka and soak modes: the job's rules from a Delta rules table it follows through its change feed",
+    )
     a = p.parse_args(argv)
-    global EVENTS
-    EVENTS = a.events
+    global EVENTS, RULES_TABLE
+    EVENTS, RULES_TABLE = a.events, a.rules_table
+    if a.rules_table and a.mode not in ("kafka", "soak"):
+        p.error("--rules-table is for --mode kafka or soak")
     if a.rates and a.mode != "kafka":
         p.error("--rates is for --mode kafka")
     if a.preload_hours and a.mode != "kafka":

@@ -22,6 +22,12 @@ queries), the `alerts` table's storage unwritable for as long (`chattr +i` on it
 process appending rows to `alerts` and compacting it. One line per fault says what the job did (rode it out, or
 failed and restarted itself), then the tables are compared as after the kills (the other writer's rows apart).
 
+With `--rules-from cdc`, an admin edits a rule with SQL while the job is killed and restarted (inserted, its limit
+updated, disabled, deleted, one as each run starts): in a Delta rules table the job follows through its change
+feed, or, with `--source kafka`, in a real PostgreSQL whose changes a real Debezium publishes to the rules topic
+(`tools/support/cdc_rules.py`). The backtest applies the same changes at the positions where the job applied them
+(its evaluation's offset log), and each edit must be in `rule_history` once.
+
 With Kafka, the alerts are also published to the alerts topic; it is at-least-once (a batch replayed
 after a crash publishes again), so the demo reports its duplicate messages next to the missing keys.
 """
@@ -31,7 +37,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
 
+from fraudrules.config import EVALUATE_QUERY
+from tools.rules_db import RULE_ID, STEPS, delta_steps
+from tools.support import cdc_rules
 from tools.support.crash_demo import PRODUCTION_SHARDS, Demo, Report
 from tools.support.faults import CLIENT_TIMEOUTS, FAULTS, Faults
 
@@ -50,6 +62,7 @@ def main(
     production: bool = False,
     faults: bool = False,
     outage_s: float = 30.0,
+    rules_from: str = "file",
 ) -> int:
     from fraudrules.session import get_spark
 
@@ -72,6 +85,7 @@ def main(
         + (", PySpark's own input regrouping" if production else "")
     )
     broker = None
+    services = ExitStack()
     try:
         if source == "kafka":
             from tools.support.kafka_broker import start_local_broker
@@ -82,23 +96,88 @@ def main(
                 demo.kafka_options = CLIENT_TIMEOUTS
             else:
                 demo.produce(broker.bootstrap)
+        edits = None
+        if rules_from == "cdc":
+            edits = _admin_edits(demo, services, broker)
         if faults:
             injected = FAULTS if broker is not None else tuple(f for f in FAULTS if f != "broker")
             if broker is None:
                 demo.say("faults: no broker to stop with files as the source (--source kafka adds it)")
             report = Report(faults=Faults(demo, broker, outage_s).run(injected))
         else:
-            report = Report(kills=demo.crash_loop(kills, rng_seed=seed))
+            report = Report(kills=demo.crash_loop(kills, rng_seed=seed, before_run=edits and edits.before_run))
         spark = get_spark("fraudrules-crash-demo")
         try:
+            if edits is not None:
+                _where_rules_changed(spark, demo, edits.done, report)
             demo.compare(spark, report)
         finally:
             spark.stop()
     finally:
+        services.close()
         if broker is not None:
             broker.stop()
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _where_rules_changed(spark, demo: Demo, edits: int, report: Report) -> None:
+    """Where the job applied rule changes (for the backtest), and whether it applied each edit once."""
+    history = demo.path("rule_history")
+    demo.rule_segments = cdc_rules.segments(spark, demo.job_cfg.checkpoint(EVALUATE_QUERY), history, demo.per_file)
+    line, ok = cdc_rules.applied_once(spark, demo.path, RULE_ID, edits, demo.rule_segments)
+    report.reconciliation.append(line)
+    report.reconciled &= ok
+
+
+def _admin_edits(demo: Demo, services: ExitStack, broker) -> cdc_rules.AdminEdits:
+    """The admin's SQL edits: on a Delta rules table (created with the demo's rules), or with a broker on
+    PostgreSQL through Debezium (the demo's rules loaded from its file); the job told where its rules come from."""
+    if broker is None:
+        from fraudrules.rules import table as rules_table
+        from fraudrules.rules.model import load_rules_file
+        from fraudrules.session import get_spark
+
+        admin = get_spark("fraudrules-crash-demo-admin")
+        services.callback(admin.stop)
+        demo.rules_table = os.path.abspath(os.path.join(demo.root, "admin", "rules"))
+        rules_table.create(admin, demo.rules_table, load_rules_file(demo.rules, demo.schema))
+        demo.say(f"rules: SQL edits of the Delta table {demo.rules_table}, followed through its change feed")
+        steps, execute = delta_steps(demo.rules_table), lambda sql, _: admin.sql(sql)
+    else:
+        from tools.support.kafka_broker import create_topics, end_offsets
+        from tools.support.rules_db import (
+            RULES_COLUMNS,
+            RULES_TABLE,
+            LocalDebezium,
+            LocalPostgres,
+            resolve_debezium_jars,
+        )
+
+        work = Path(demo.root) / "cdc"
+        pg = services.enter_context(LocalPostgres(work / "postgres"))
+        pg.execute(RULES_TABLE)
+        debezium = LocalDebezium(resolve_debezium_jars(), work / "debezium", pg, broker.bootstrap, schemas=False)
+        create_topics(broker.bootstrap, [debezium.topic])
+        services.enter_context(debezium)
+        columns = [part for kv in RULES_COLUMNS.items() for part in ("--rules-column", "=".join(kv))]
+        demo.rules_args = ["--rules-format", "debezium", "--rules-topic", debezium.topic, *columns]
+        demo.say(f"rules: SQL edits in PostgreSQL on 127.0.0.1:{pg.port}, Debezium → {debezium.topic}")
+
+        def execute(sql: str, params: object) -> None:
+            """The statement, once its change event is on the topic (the next run's queries read the topic as it
+            is at their start)."""
+            before = sum(end_offsets(broker.bootstrap, debezium.topic).values())
+            pg.execute(sql, params)
+            deadline = time.monotonic() + 60
+            while sum(end_offsets(broker.bootstrap, debezium.topic).values()) == before:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no change event on {debezium.topic} 60 s after: {sql}")
+                time.sleep(0.1)
+
+        steps = STEPS
+    demo.kill_after_evaluation = True  # each version evaluates events before the next kill
+    return cdc_rules.AdminEdits(steps, execute, demo.say)
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -128,7 +207,16 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--outage-s", type=float, default=30.0, help="with --faults: how long the broker and storage are out"
     )
+    p.add_argument(
+        "--rules-from",
+        choices=["file", "cdc"],
+        default="file",
+        help="cdc: an admin edits a rule with SQL while the job is killed: in a Delta table (its change feed), or with "
+        "--source kafka in PostgreSQL (through Debezium)",
+    )
     a = p.parse_args(argv)
+    if a.rules_from == "cdc" and a.faults:
+        p.error("--rules-from cdc goes with the kills, not --faults")
     return main(
         a.data_dir,
         a.kills,
@@ -143,6 +231,7 @@ def cli(argv: list[str] | None = None) -> int:
         a.production,
         a.faults,
         a.outage_s,
+        a.rules_from,
     )
 
 

@@ -74,3 +74,22 @@ def test_the_state_data_source_says_which_variables_a_checkpoint_lacks(spark, ch
     with pytest.raises(PySparkException) as refused:
         read_state(spark, checkpoint, "shard").count()
     assert spark_checkpoint.missing_state_variable(refused.value)
+
+
+def test_a_delta_sources_end_offset_reads_as_the_versions_it_has_read_whole(spark, tmp_path):
+    table, cp = str(tmp_path / "table"), str(tmp_path / "cp")
+    spark.range(2).repartition(2).write.format("delta").save(table)  # version 0: two files (the starting snapshot)
+
+    def through() -> list[int]:
+        query = spark.readStream.format("delta").load(table).writeStream.format("noop").trigger(availableNow=True)
+        query.option("checkpointLocation", cp).start().awaitTermination()
+        fs, root = open_fs(cp)
+        batches = sorted(spark_checkpoint.logged_batches(fs, root, "offsets"))
+        return [spark_checkpoint.delta_read_through(spark_checkpoint.planned(fs, root, b)[1][0]) for b in batches]
+
+    assert through() == [0]
+    for _ in range(2):  # versions 1 and 2, of two files each, read by the next run
+        spark.range(2).repartition(2).write.format("delta").mode("append").save(table)
+    assert through() == [0, 2]
+    with pytest.raises(spark_checkpoint.CheckpointFormatError, match="not a Delta source offset"):
+        spark_checkpoint.delta_read_through('{"file": 1, "byte": 0, "line": 0}')

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,6 +135,10 @@ class Demo:
     kafka_bootstrap: str | None = None
     kafka_options: dict[str, str] = field(default_factory=dict)  # the job's --kafka-option
     foreign_rows: int = 0  # rows another writer appended to `alerts` (FOREIGN ids): found once each, not compared
+    rules_table: str | None = None  # rules from this Delta table's change feed instead of the rules file
+    rules_args: list[str] = field(default_factory=list)  # the job's other options for its rules (a Debezium topic)
+    rule_segments: list = field(default_factory=list)  # cdc_rules.Segment: the backtest applies rule changes there
+    kill_after_evaluation: bool = False  # a run is killed only once its evaluation committed a batch it planned
     lines: dict[str, list[str]] = field(default_factory=dict)
     bad: dict[str, int] = field(default_factory=dict)
 
@@ -234,9 +239,9 @@ class Demo:
             "--data-dir": cfg.data_dir,
             "--shards": str(cfg.shards),
             "--shuffle-partitions": str(cfg.shuffle_partitions),
-            "--rules": self.rules,
             "--max-records-per-trigger": str(self.batch_files * self.per_file),
         }
+        options |= {"--rules-table": self.rules_table} if self.rules_table else {"--rules": self.rules}
         if cfg.uses_catalog:
             options |= {"--catalog": str(cfg.catalog), "--schema": str(cfg.schema)}
         if self.event_schema:
@@ -247,7 +252,7 @@ class Demo:
         else:
             options |= {"--transactions": folder("transactions"), "--logins": folder("logins")}
         kafka_options = [part for kv in self.kafka_options.items() for part in ("--kafka-option", "=".join(kv))]
-        return [*run, *(part for option in options.items() for part in option), *kafka_options]
+        return [*run, *(part for option in options.items() for part in option), *kafka_options, *self.rules_args]
 
     def _batches(self) -> tuple[int, int]:
         """Micro-batches planned (offset log entries) and committed (commit log entries), over all queries."""
@@ -255,6 +260,10 @@ class Demo:
         for sub in ("offsets", "commits"):
             counts.append(sum(_log_entries(Path(self.job_cfg.checkpoint(q)) / sub) for q in QUERIES))
         return counts[0], counts[1]
+
+    def _evaluated(self, log: str) -> int:
+        """The evaluation's planned (`offsets`) or committed (`commits`) micro-batches."""
+        return _log_entries(Path(self.job_cfg.checkpoint(EVALUATE_QUERY)) / log)
 
     def _sink_commits(self) -> int:
         """Delta commits of the tables the streaming sinks append to (version 0 is the table's creation)."""
@@ -290,9 +299,15 @@ class Demo:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def crash_loop(
-        self, kills: int = 3, rng_seed: int | None = None, max_steps: int = 3, timeout_s: float = 1800
+        self,
+        kills: int = 3,
+        rng_seed: int | None = None,
+        max_steps: int = 3,
+        timeout_s: float = 1800,
+        before_run: Callable[[bool], None] | None = None,
     ) -> list[str]:
-        """Kill the running job `kills` times at random points, restart it each time, then let it finish.
+        """Kill the running job `kills` times at random points, restart it each time, then let it finish;
+        `before_run(last)` is called as each run starts.
 
         Kill points cycle through three moments, each after a random number of new events of its kind and a
         random delay: a micro-batch was just planned (offset log written, nothing done yet); a sink just
@@ -307,11 +322,21 @@ class Demo:
             started = time.monotonic()
             mode = modes[attempt % len(modes)]
             before = self._progress(mode)
+            new_batch = self._evaluated("offsets") + 1  # committed past what the run found planned: one it planned
+            if before_run is not None:
+                before_run(attempt == kills)
             child = self.spawn(attempt)
             try:
                 if attempt < kills:
                     target = before + rng.randint(1, max_steps)
-                    while child.poll() is None and self._progress(mode) < target and time.monotonic() < deadline:
+                    while (
+                        child.poll() is None
+                        and (
+                            self._progress(mode) < target
+                            or (self.kill_after_evaluation and self._evaluated("commits") < new_batch)
+                        )
+                        and time.monotonic() < deadline
+                    ):
                         time.sleep(0.02)
                     time.sleep(rng.uniform(0, 0.3 if mode == "sink" else 1.5))
                     if child.poll() is None:
@@ -350,14 +375,17 @@ class Demo:
 
         bt_cfg = self.backtest_cfg
         shutil.rmtree(bt_cfg.data_dir, ignore_errors=True)
-        self.say("backtest of the same input with the same rules ...")
-        backtest.run(
-            spark,
-            bt_cfg,
-            self.input_dir("transactions"),
-            load_rules_file(self.rules, self.schema),
-            logins=self.input_dir("logins"),
-        )
+        if self.rule_segments:
+            self._backtest_in_segments(spark, bt_cfg)
+        else:
+            self.say("backtest of the same input with the same rules ...")
+            backtest.run(
+                spark,
+                bt_cfg,
+                self.input_dir("transactions"),
+                load_rules_file(self.rules, self.schema),
+                logins=self.input_dir("logins"),
+            )
         rows = self.read(spark, "alerts").collect()
         got = [(r.alertId, r.kind, r.aggregate) for r in rows if not r.alertId.startswith(FOREIGN)]
         if self.foreign_rows:
@@ -425,6 +453,26 @@ class Demo:
             report.kafka_lines = self._kafka_alerts(got)
         return report
 
+    def _backtest_in_segments(self, spark, bt_cfg: JobConfig) -> None:
+        """The backtest fed the input segment by segment (`rule_segments`), each segment's rule changes applied
+        before its records, as the job applied them; its checkpoints and state carry over between segments."""
+        from fraudrules import backtest
+        from fraudrules.rules.codec import from_row
+
+        self.say(
+            f"backtest of the same input, the job's rule changes applied at the same {len(self.rule_segments)} "
+            "positions ..."
+        )
+        folders = {kind: os.path.join(bt_cfg.data_dir, "input", kind) for kind in self.lines}
+        ends = self.rule_segments[1:]
+        base = time.time() - 3600
+        for k, segment in enumerate(self.rule_segments):
+            for kind, start in (("transactions", segment.transactions), ("logins", segment.logins)):
+                end = getattr(ends[k], kind) if k < len(ends) else len(self.lines[kind])
+                _write_part(folders[kind], k, self.lines[kind][start:end], base + k)
+            changes = [from_row(r, self.schema) for r in segment.changes]
+            backtest.run(spark, bt_cfg, folders["transactions"], changes, logins=folders["logins"])
+
     def _foreign_line(self, ids: Counter, report: Report) -> str:
         """The other writer's rows in `alerts`: each one there once."""
         foreign = {k: n for k, n in ids.items() if k.startswith(FOREIGN)}
@@ -443,6 +491,8 @@ class Demo:
         """
         from pyspark.sql import functions as F
 
+        if self.rule_segments:  # the rules changed on the way: no one count of rules to multiply by
+            return []
         rules = self.read(spark, "rules").where("ruleState = 'ACTIVE' AND coalesce(ruleType, 'WINDOW') = 'WINDOW'")
         if rules.where(F.size(F.coalesce("filter", F.array())) > 0).count():
             return []
@@ -482,13 +532,20 @@ def _with_bad(good, bad: tuple[str, ...], every: int) -> tuple[list[str], int]:
 
 def _write_files(folder: str, lines: list[str], per_file: int) -> None:
     """Numbered JSON-lines files with increasing modification times (the file source's order)."""
-    os.makedirs(folder, exist_ok=True)
     base = time.time() - 3600
     for index in range(0, len(lines), per_file):
-        path = os.path.join(folder, f"part-{index // per_file:05d}.json")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write("".join(x + "\n" for x in lines[index : index + per_file]))
-        os.utime(path, (base + index // per_file, base + index // per_file))
+        _write_part(folder, index // per_file, lines[index : index + per_file], base + index // per_file)
+
+
+def _write_part(folder: str, index: int, lines: list[str], mtime: float) -> None:
+    """One more file of a folder the file source reads in modification-time order (none for no lines)."""
+    os.makedirs(folder, exist_ok=True)
+    if not lines:
+        return
+    path = os.path.join(folder, f"part-{index:05d}.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("".join(x + "\n" for x in lines))
+    os.utime(path, (mtime, mtime))
 
 
 def _log_entries(folder: Path) -> int:

@@ -6,6 +6,9 @@ batches whose results are committed. Spark 3.0 to 4.2 write both in version 1 (`
 file of another version (a Spark that names its sources, say) is refused with an error that says so, not misread
 (`tests/integration/test_compat_spark_checkpoint.py` reads the logs of a query this Spark ran).
 
+A Delta table's end offset (`delta_read_through`) is Delta's own `DeltaSourceOffset` JSON: the table version and
+the index of the next file within it (negative: none of that version's files read yet).
+
 Also here: the error condition Spark's state data source raises for a state variable the checkpoint lacks.
 """
 
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from pyspark.errors import PySparkException
 
 OFFSET_LOG_VERSION = "v1"
+DELTA_SOURCE_VERSIONS = (1, 2, 3)  # DeltaSourceOffset's own format versions (Delta 2 to 4.4 write 1)
 MISSING_STATE_VARIABLE = "STDS_INVALID_OPTION_VALUE"  # the state data source's `stateVarName` names no variable
 
 
@@ -42,6 +46,17 @@ def planned(fs: pafs.FileSystem, root: str, batch: int) -> tuple[dict[str, Any],
         found = repr(lines[0]) if lines else "an empty file"
         raise CheckpointFormatError(f"{path}: offset log {found}, this release reads {OFFSET_LOG_VERSION!r}")
     return json.loads(lines[1]), lines[2:]
+
+
+def delta_read_through(offset: str) -> int:
+    """The newest version of a Delta table a streaming query's end offset (its text in the offset log) has read
+    whole: a source without a read limit takes versions whole, and ends a batch at (next version, -1) or, in the
+    version it started from, past that version's last file."""
+    fields = json.loads(offset)
+    if fields.get("sourceVersion") not in DELTA_SOURCE_VERSIONS or not {"reservoirVersion", "index"} <= set(fields):
+        raise CheckpointFormatError(f"not a Delta source offset this release reads: {offset}")
+    version = int(fields["reservoirVersion"])
+    return version - 1 if int(fields["index"]) < 0 else version
 
 
 def newest_committed(fs: pafs.FileSystem, root: str) -> int | None:

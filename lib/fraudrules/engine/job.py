@@ -260,7 +260,8 @@ def start(
             if c.publisher:
                 c.publisher.recover()  # its alerts that did not reach the topic
             c.commit_pending()
-        if cfg.rules_table and RULES_QUERY in planned:  # the table's changes so far, before any transaction
+        # the admins' changes so far (a rules table's, or their database's through Debezium), before any transaction
+        if (cfg.rules_table or cfg.rules_format == "debezium") and RULES_QUERY in planned:
             df, sink = planned[RULES_QUERY]
             start_query(spark, df, sink, cfg.with_(available_now=True), RULES_QUERY).awaitTermination()
         for name, (df, sink) in planned.items():
