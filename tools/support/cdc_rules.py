@@ -59,11 +59,13 @@ def segments(spark, checkpoint: str, rule_history: str, per_file: int) -> list[S
     out: list[Segment] = []
     seen: set[tuple[int, int]] = set()
     start = [0, 0]
+    read: dict[int, list[dict]] = {}  # most batches read no new version: one Delta read per version
     for batch in sorted(spark_checkpoint.logged_batches(fs, root, "offsets")):
         offsets = spark_checkpoint.planned(fs, root, batch)[1]
         version = spark_checkpoint.delta_read_through(offsets[RULE_SOURCE])
-        rows = _rows_through(spark, rule_history, version)
-        new = [r for r in rows if (r["ruleId"], r["version"]) not in seen]
+        if version not in read:
+            read[version] = _rows_through(spark, rule_history, version)
+        new = [r for r in read[version] if (r["ruleId"], r["version"]) not in seen]
         if new or not out:
             out.append(Segment(batch, start[0], start[1], new))
             seen.update((r["ruleId"], r["version"]) for r in new)
