@@ -75,6 +75,25 @@ def test_sql_edits_reach_the_running_job(spark, tmp_path):
     ]
 
 
+def test_commit_notes_read_from_the_log_say_what_deltas_history_says(spark, tmp_path):
+    """A path table's commit notes come from its log files; Delta's history API (what a catalog table's go
+    through) must say the same of every commit, or Delta changed what a commit records."""
+    from delta.tables import DeltaTable
+
+    table = str(tmp_path / "rules_admin")
+    rules_table.create(spark, table, [])
+    spark.sql(
+        f"INSERT INTO delta.`{table}` ({COLUMNS}) VALUES (1, array('payeeId'), 'COUNT_FLINK', 'SUM', 'GREATER', 1, 1)"
+    )
+    spark.sql(f"UPDATE delta.`{table}` SET `limit` = 2 WHERE ruleId = 1")
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE ruleId = 1")
+    history = DeltaTable.forPath(spark, table).history().collect()
+    expected = {r.version: r.operation + (f" by {r.userName}" if r.userName else "") for r in history}
+    assert expected == {0: "CREATE TABLE", 1: "WRITE", 2: "UPDATE", 3: "DELETE"}
+    assert rules_table.commit_notes(spark, table, {1, 2, 3}) == {v: expected[v] for v in (1, 2, 3)}
+    assert rules_table.commit_notes(spark, table, {1, 7}) == {1: "WRITE"}  # not in the log: asks Delta, no note
+
+
 def test_a_replayed_batch_and_duplicate_ids_change_nothing(spark, tmp_path):
     """The rules query's sink over the change feed read in batches: a micro-batch replayed after a crash applies
     nothing again; two rows of one commit with the same id are both refused; changes of one commit are one change

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from fraudrules.compat import delta_log
 from fraudrules.paths import is_remote
 from fraudrules.rules.cdc import DISABLED, FIELDS, ColumnMapping
 from fraudrules.rules.model import Rule
@@ -111,11 +112,22 @@ def _as(value: Any, kind: T.DataType) -> Any:
 
 def commit_notes(spark: SparkSession, table: str, versions: set[int]) -> dict[int, str]:
     """What the rules table's history says of each commit: its operation and, where recorded, its user
-    ("UPDATE by alice@example.com")."""
-    if not versions:
-        return {}
+    ("UPDATE by alice@example.com"). A local path table's commits are read from its log (`delta_log.commit_info`):
+    Delta's history API would add 0.3-0.8 s to every rule change; a catalog table's, or a remote one's, through it."""
+    notes: dict[int, str] = {}
+    if is_path(table) and not is_remote(table):
+        for version in versions:
+            info = delta_log.commit_info(table, version)
+            if info is not None and "operation" in info:
+                notes[version] = _note(info["operation"], info.get("userName"))
+    if not (missing := versions - notes.keys()):
+        return notes
     from delta.tables import DeltaTable
 
     found = DeltaTable.forPath(spark, table) if is_path(table) else DeltaTable.forName(spark, table)
-    rows = found.history().where(F.col("version").isin(sorted(versions))).select("version", "operation", "userName")
-    return {r.version: r.operation + (f" by {r.userName}" if r.userName else "") for r in rows.collect()}
+    rows = found.history().where(F.col("version").isin(sorted(missing))).select("version", "operation", "userName")
+    return notes | {r.version: _note(r.operation, r.userName) for r in rows.collect()}
+
+
+def _note(operation: str, user: str | None) -> str:
+    return operation + (f" by {user}" if user else "")
