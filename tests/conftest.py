@@ -33,6 +33,25 @@ def spark(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _session_settings_restored(request):
+    """Runtime settings a test's code puts on the worker's one session end with the test. A Spark Delta writer sets
+    its auto compaction there (`writers.auto_compaction`): after a test with `compact_min_files` 3, a later test's
+    second INSERT into a rules table was followed by a compaction commit, which moved the versions it expected."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    conf = request.getfixturevalue("spark").conf
+    before = dict(conf.getAll)
+    yield
+    after = dict(conf.getAll)
+    for key in after.keys() - before.keys():
+        conf.unset(key)
+    for key, value in before.items():
+        if after.get(key) != value:
+            conf.set(key, value)
+
+
+@pytest.fixture(autouse=True)
 def _jvm_stacks_on_hang(request):
     """A test still running when faulthandler prints its Python stacks (pyproject's faulthandler_timeout) also
     prints the threads of this process's JVMs: a collect or a Python worker that hangs shows where the JVM waits."""
