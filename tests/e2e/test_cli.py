@@ -250,12 +250,18 @@ def test_export_and_status_as_written(tmp_path, backtest_data):
 @pytest.mark.e2e
 def test_status_knows_the_job_whichever_command_started_it(tmp_path):
     """`fraudrules run` started as `make run` starts it (not by the supervisor): `status` sees its process and, once
-    it commits, its heartbeat; a second job on the same data dir is refused; after Ctrl-C it reads as stopped, not
-    dead."""
+    it commits, its heartbeat; a second job on the same data dir is refused. A SIGTERM to its process group (a
+    service manager's stop, Airflow killing a task: the JVM gets it too) stops it cleanly, without a traceback, and
+    it then reads as stopped, not dead."""
     log = (tmp_path / "run.log").open("w")
     environment = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     job = subprocess.Popen(
-        [*FRAUDRULES, "run", "--rate", "50"], cwd=tmp_path, env=environment, stdout=log, stderr=subprocess.STDOUT
+        [*FRAUDRULES, "run", "--rate", "50"],
+        cwd=tmp_path,
+        env=environment,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline, status = time.time() + 240, {}
@@ -272,11 +278,11 @@ def test_status_knows_the_job_whichever_command_started_it(tmp_path):
             f"fraudrules run: a job already runs on {tmp_path / 'data'}: process {job.pid}\n",
         )
     finally:
-        job.send_signal(signal.SIGINT)
+        os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=180)
         log.close()
     printed = (tmp_path / "run.log").read_text()
-    assert "stopped cleanly" in printed
+    assert job.returncode == 0 and "stopped cleanly" in printed and "Traceback" not in printed, printed[-3000:]
     assert all(f"[{q}] stopped\n" in printed for q in QUERIES), printed[-3000:]  # each query's own last line
     after = json.loads(fraudrules("status", cwd=tmp_path).stdout)
     assert (after["flags"]["running"], after["flags"]["dead"], after["flags"]["stopped"]) == (False, False, True)

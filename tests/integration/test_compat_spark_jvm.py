@@ -36,3 +36,12 @@ def test_a_query_on_the_lines_source_leaves_its_environment_as_registered(spark,
 def test_local_sessions_name_a_checkpoint_file_manager_this_spark_has(spark):
     assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == spark_compat.CHECKPOINT_FILES
     assert spark._jvm.java.lang.Class.forName(spark_compat.CHECKPOINT_FILES).getName() == spark_compat.CHECKPOINT_FILES
+
+
+def test_the_driver_jvm_has_what_ignoring_sigterm_calls(spark):
+    """`ignore_sigterm` (what `fraudrules run` calls) names the JDK's `sun.misc.Signal` and its SIG_IGN handler;
+    checked without calling it, which would leave the tests' JVM deaf to SIGTERM. tests/e2e/test_cli.py sends a
+    job's process group SIGTERM."""
+    jvm = spark_compat.jvm_of(spark)
+    assert jvm.sun.misc.Signal("TERM").getName() == "TERM"
+    assert str(jvm.sun.misc.SignalHandler.SIG_IGN) == "SIG_IGN"

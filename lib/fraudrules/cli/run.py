@@ -6,14 +6,8 @@ import argparse
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from fraudrules import logs
-from fraudrules.config import MAX_RESTARTS, RULES_FORMATS, JobConfig, on_databricks, parse_options
-from fraudrules.paths import input_problem, is_remote
-
-if TYPE_CHECKING:
-    pass
 from fraudrules.cli.common import (
     EVENT_SCHEMA_HELP,
     UsageError,
@@ -31,6 +25,8 @@ from fraudrules.cli.common import (
     schema_problem,
     spark_session,
 )
+from fraudrules.config import MAX_RESTARTS, RULES_FORMATS, JobConfig, on_databricks, parse_options
+from fraudrules.paths import input_problem, is_remote
 
 PRODUCTION_RUN = "fraudrules run --no-generator --catalog C --schema S --checkpoint-root DIR [--kafka-bootstrap ...]"
 
@@ -45,6 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.rules:  # against the schema the job will start with
         read_rules(args.rules, "--rules", event_schema.for_job(job_config(args)))
+    from fraudrules.compat import spark_jvm
     from fraudrules.engine import progress, run
     from fraudrules.event_schema import SchemaError
     from fraudrules.generator import demo_writers, sample_rules_path
@@ -65,8 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     with progress.ticker(print, "starting Spark (local JVM and Delta)"):
         spark = spark_session(cfg=cfg, fixed_heap=True)
     print(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
-    if not on_databricks():  # a cluster's driver log keeps them
+    if not on_databricks():  # a cluster's driver log keeps them; its JVM is not ours to keep from signals
         logs.quiet_query_failures(spark)
+        spark_jvm.ignore_sigterm(spark)  # a SIGTERM to the process group is the driver's to handle (run.Stop)
     stop = run.Stop()
     stop.starting = "the tables are ready"
     where = f"{cfg.catalog}.{cfg.schema}" if cfg.uses_catalog else f"{os.path.abspath(cfg.data_dir)}/tables"

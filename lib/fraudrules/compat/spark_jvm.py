@@ -79,6 +79,20 @@ def launched_jvm() -> subprocess.Popen | None:
     return getattr(SparkContext._gateway, "proc", None)
 
 
+def ignore_sigterm(spark: SparkSession) -> bool:
+    """From now on the local driver JVM ignores SIGTERM (`sun.misc.Signal`, in the JDK's `jdk.unsupported` module),
+    as PySpark starts it ignoring SIGINT: a SIGTERM to the job's process group (a service manager's stop, Airflow
+    killing a task) reaches the Python driver, whose handler stops the queries and Spark in order, and no longer
+    also the JVM under it, which ran its shutdown hooks and left the driver's calls failing (exit 143). The JVM
+    still ends with its driver (PySpark's gateway ends when its stdin closes). False where the call is not there."""
+    try:
+        jvm = jvm_of(spark)
+        jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
+    except Py4JError:
+        return False
+    return True
+
+
 def has_gateway() -> bool:
     """Whether this process is connected to a JVM already (a class path and a heap are a JVM's from its launch)."""
     return SparkContext._gateway is not None
