@@ -9,7 +9,7 @@ event evaluated under it (rule_applied). With `--from delta` the same four chang
 rules table (`rules init-table`'s columns) that the job reads with `rules_table`. Ctrl-C stops everything it
 started.
 
-    python -m tools.rules_db run --work-dir DIR [--from postgres|delta] [--rate N] [--step-seconds S]
+    python -m tools.rules_db run --work-dir DIR [--from postgres|delta] [--rate N] [--step-seconds S] [--profile]
     python -m tools.rules_db jars       # resolve Debezium's jars once (`make debezium-jars`)
 """
 
@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+
+from pyspark.sql.streaming import StreamingQueryListener
 
 from fraudrules import tables
 from fraudrules.config import JobConfig
@@ -85,6 +87,28 @@ def _report(spark, cfg: JobConfig, committed: dict[int, float], published: list[
         )
 
 
+class BatchProfile(StreamingQueryListener):
+    """`--profile`: every micro-batch that read rule changes (the rules query's, and the evaluation's that read new
+    `rule_history` rows) with when it began and Spark's durations of its steps: where a change's delay goes."""
+
+    def onQueryProgress(self, event) -> None:
+        p = event.progress
+        rows = sum(s.numInputRows for s in p.sources if p.name == "rules" or "rule_history" in s.description)
+        if rows:
+            steps = ", ".join(f"{k} {v}" for k, v in p.durationMs.items() if k != "triggerExecution")
+            began = p.timestamp[11:23]
+            print(f"  [profile] {p.name} batch {p.batchId} began {began}: {rows} rule rows, {steps} ms", flush=True)
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+
 def delta_steps(table: str) -> list[tuple[str, str, None]]:
     """STEPS as Spark SQL on a rules table made by `rules init-table` (a path)."""
     name = f"delta.`{table}`"
@@ -109,15 +133,16 @@ def _change_rules(
     committed: dict[int, float] = {}
     time.sleep(step_seconds)
     for version, (what, sql, params) in enumerate(steps, start=1):
-        print(f"--> {what}", flush=True)
         execute(sql, params)
         committed[version] = time.time()
+        at = time.strftime("%H:%M:%S", time.gmtime(committed[version])) + f".{int(committed[version] % 1 * 1000):03d}"
+        print(f"--> {what} (committed at {at})", flush=True)
         _wait_for_version(spark, cfg, version, timeout_s=60)
         time.sleep(max(0.0, committed[version] + step_seconds - time.time()))
     return committed
 
 
-def run(work_dir: Path, rate: float, step_seconds: float, source: str = "postgres") -> int:
+def run(work_dir: Path, rate: float, step_seconds: float, source: str = "postgres", profile: bool = False) -> int:
     from fraudrules.session import get_spark
 
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -131,6 +156,8 @@ def run(work_dir: Path, rate: float, step_seconds: float, source: str = "postgre
                 cfg, execute = _postgres(services, work_dir, published)
             spark = get_spark("fraudrules-rules-db")
             services.callback(spark.stop)
+            if profile:
+                spark.streams.addListener(BatchProfile())
             steps = STEPS
             if source == "delta":
                 from fraudrules.rules import table as rules_table
@@ -198,12 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--rate", type=float, default=100.0, help="generated transactions per second")
     demo.add_argument("--step-seconds", type=float, default=12.0, help="time between the SQL changes")
+    demo.add_argument(
+        "--profile", action="store_true", help="print each micro-batch that read rule changes, its steps' durations"
+    )
     sub.add_parser("jars", help="resolve Debezium's jars (once) and print where they are")
     args = p.parse_args(argv)
     if args.cmd == "jars":
         print("Debezium jars in", resolve_debezium_jars())
         return 0
-    return run(args.work_dir, args.rate, args.step_seconds, args.source)
+    return run(args.work_dir, args.rate, args.step_seconds, args.source, args.profile)
 
 
 if __name__ == "__main__":
