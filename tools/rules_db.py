@@ -27,8 +27,9 @@ from pathlib import Path
 from pyspark.sql.streaming import StreamingQueryListener
 
 from fraudrules import tables
-from fraudrules.config import JobConfig
+from fraudrules.config import RULES_QUERY, JobConfig
 from fraudrules.generator import RateWriter, Workload
+from fraudrules.rules.text import iso_time
 from tools.support.kafka_broker import TopicTail, create_topics, start_local_broker
 from tools.support.rules_db import (
     INSERT_RULE,
@@ -93,7 +94,7 @@ class BatchProfile(StreamingQueryListener):
 
     def onQueryProgress(self, event) -> None:
         p = event.progress
-        rows = sum(s.numInputRows for s in p.sources if p.name == "rules" or "rule_history" in s.description)
+        rows = sum(s.numInputRows for s in p.sources if p.name == RULES_QUERY or "rule_history" in s.description)
         if rows:
             steps = ", ".join(f"{k} {v}" for k, v in p.durationMs.items() if k != "triggerExecution")
             began = p.timestamp[11:23]
@@ -135,8 +136,7 @@ def _change_rules(
     for version, (what, sql, params) in enumerate(steps, start=1):
         execute(sql, params)
         committed[version] = time.time()
-        at = time.strftime("%H:%M:%S", time.gmtime(committed[version])) + f".{int(committed[version] % 1 * 1000):03d}"
-        print(f"--> {what} (committed at {at})", flush=True)
+        print(f"--> {what} (committed at {iso_time(committed[version] * 1000)[11:23]})", flush=True)
         _wait_for_version(spark, cfg, version, timeout_s=60)
         time.sleep(max(0.0, committed[version] + step_seconds - time.time()))
     return committed

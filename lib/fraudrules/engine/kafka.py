@@ -45,13 +45,20 @@ def client_options(cfg: JobConfig) -> dict[str, str]:
     return {"kafka.bootstrap.servers": cfg.kafka_bootstrap, **options}
 
 
-def reader(spark: SparkSession, cfg: JobConfig, topic: str, max_offsets: int | None = None) -> DataStreamReader:
-    """A streaming reader of `topic` with the connection options, at most `max_offsets` records per micro-batch."""
+def reader(
+    spark: SparkSession,
+    cfg: JobConfig,
+    topic: str,
+    max_offsets: int | None = None,
+    defaults: dict[str, str] | None = None,
+) -> DataStreamReader:
+    """A streaming reader of `topic` with the connection options, at most `max_offsets` records per micro-batch;
+    `defaults`: options of this reader that the user's `kafka_options` override."""
     r = spark.readStream.format("kafka").option("subscribe", topic)
     r = r.option("startingOffsets", cfg.kafka_starting_offsets)
     if max_offsets:
         r = r.option("maxOffsetsPerTrigger", str(max_offsets))
-    for key, value in {**cfg.kafka_options, **client_options(cfg)}.items():
+    for key, value in {**(defaults or {}), **cfg.kafka_options, **client_options(cfg)}.items():
         r = r.option(key, str(value))
     return r
 
@@ -73,10 +80,8 @@ def rule_changes(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     `source` is "topic-partition:offset" (offset zero-padded) so that change ids are unique per message and
     messages with equal timestamps apply in offset order.
     """
-    r = reader(spark, cfg, str(cfg.kafka_rules_topic))
-    if "kafka.fetch.max.wait.ms" not in cfg.kafka_options:
-        r = r.option("kafka.fetch.max.wait.ms", str(RULES_FETCH_WAIT_MS))
-    df = r.load()
+    wait = {"kafka.fetch.max.wait.ms": str(RULES_FETCH_WAIT_MS)}
+    df = reader(spark, cfg, str(cfg.kafka_rules_topic), defaults=wait).load()
     offset = F.lpad(F.col("offset").cast("string"), OFFSET_DIGITS, "0")
     return df.select(
         F.coalesce(F.col("value").cast("string"), F.lit("")).alias("value"),
