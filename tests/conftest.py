@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -51,17 +53,36 @@ def _session_settings_restored(request):
             conf.set(key, value)
 
 
-@pytest.fixture(autouse=True)
-def _jvm_stacks_on_hang(request):
-    """A test still running when faulthandler prints its Python stacks (pyproject's faulthandler_timeout) also
-    prints the threads of this process's JVMs: a collect or a Python worker that hangs shows where the JVM waits."""
-    after_s = float(request.config.getini("faulthandler_timeout") or 0)
-    timer = threading.Timer(after_s, _print_jvm_stacks)
-    timer.daemon = True
-    if after_s:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test still running (setup, call or teardown, the session's fixtures' at the end included) when faulthandler
+    prints its Python stacks (pyproject's faulthandler_timeout) also prints the threads of this process's JVMs: a
+    collect or a Python worker that hangs shows where the JVM waits. One still running a minute past its timeout
+    (the timeout's exception did not end it: a teardown that waits forever) ends its pytest-xdist worker and the
+    worker's processes: xdist reports the test as crashed and goes on in a new worker, where the run would
+    otherwise wait until CI ended it with no summary (stop 79's landing)."""
+    marker = item.get_closest_marker("timeout")
+    timeout_s = float(marker.args[0] if marker else item.config.getini("timeout") or 0)
+    stacks_s = float(item.config.getini("faulthandler_timeout") or 0)
+    timers = []
+    if stacks_s:
+        timers.append(threading.Timer(stacks_s, _print_jvm_stacks))
+    if timeout_s:
+        timers.append(threading.Timer(timeout_s + 60, _end_worker, (item.nodeid,)))
+    for timer in timers:
+        timer.daemon = True
         timer.start()
     yield
-    timer.cancel()
+    for timer in timers:
+        timer.cancel()
+
+
+def _end_worker(nodeid: str) -> None:
+    print(f"{nodeid} still runs a minute past its timeout: ending this worker", file=sys.__stderr__, flush=True)
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(3)
 
 
 def _print_jvm_stacks() -> None:
