@@ -3,6 +3,7 @@ query triggers."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,27 @@ def test_a_query_that_does_not_stop_in_time_leaves_the_others_stopped_and_the_co
     with pytest.raises(TimeoutError, match="failed to stop"):
         Job({"evaluate": stuck, "ingest": other}, [committer]).stop(drain_s=0)
     assert not other.isActive and committer.stopped
+
+
+class _BackToBack:
+    """Always in a micro-batch (batch 7 at first); it ends at the `ends_at`-th look at the query's progress."""
+
+    def __init__(self, ends_at: int):
+        self.isActive, self.status, self.looks, self.ends_at = True, {"isTriggerActive": True}, 0, ends_at
+
+    @property
+    def lastProgress(self) -> dict:
+        self.looks += 1
+        return {"batchId": 7 if self.looks >= self.ends_at else 6}
+
+    def stop(self) -> None:
+        self.isActive = False
+
+
+def test_a_stop_waits_for_the_micro_batch_in_progress_not_for_a_back_to_back_query_to_idle():
+    """A query that runs back to back is never seen idle: the stop waits for the micro-batch it was in to end,
+    then stops it, long before the drain's deadline."""
+    query = _BackToBack(ends_at=4)
+    started = time.monotonic()
+    Job({"evaluate": query}, []).stop(drain_s=30)
+    assert not query.isActive and query.looks == 4 and time.monotonic() - started < 5
