@@ -194,8 +194,8 @@ def test_a_clean_stop_reads_as_stopped_a_crash_as_dead(batches, data_dir, fake_j
     assert crashed["reason"] == f"process {proc.pid} is not running"
 
 
-def test_latency_high_and_rising(batches, data_dir, fake_job):
-    _proc, record = fake_job
+def test_latency_high_and_rising_of_a_running_job(batches, data_dir, fake_job):
+    proc, record = fake_job
     now = time.time()
     record(started_at=now - 300)
     batches.append([batch_row(i, now - 20 + i, p99=100.0 if i < 6 else 900.0) for i in range(12)])
@@ -203,6 +203,13 @@ def test_latency_high_and_rising(batches, data_dir, fake_job):
     assert verdict["flags"]["latency_high"] and verdict["flags"]["latency_rising"]
     assert verdict["action"] == "none"  # a restart does not make a slow job fast
     assert any("latency p99 900 ms" in p for p in verdict["problems"])
+    # stopped cleanly: its last batches' latency is no problem of now (they may be its first)
+    assert health.mark_stopped(str(data_dir), pid=proc.pid, now=now - 1)
+    proc.kill()
+    proc.wait()
+    stopped = health.status(str(data_dir), health.Thresholds(p99_ms=500), now=now)
+    assert stopped["flags"]["stopped"] and stopped["problems"] == []
+    assert not stopped["flags"]["latency_high"] and not stopped["flags"]["latency_rising"]
 
 
 def test_lag_from_the_sources_ledger_and_committed_offsets(data_dir):

@@ -253,7 +253,8 @@ def judge(
     stale = _stale(runner, beat, th, now)
     age = (beat or {}).get("age_s")
     uptime = now - runner.started_at if runner.alive and runner.started_at is not None else None
-    p99 = (beat or {}).get("p99_ms") or []
+    # Latency is a running job's: a stopped one's last batches may be its first ones, slow while it warmed up.
+    p99 = ((beat or {}).get("p99_ms") or []) if runner.alive else []
     latency_high = bool(p99) and p99[-1] > th.p99_ms
     rising = latency_rising(p99, th.rising_factor)
     oldest = (backlog or {}).get("oldest_pending_age_s")
