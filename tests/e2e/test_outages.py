@@ -52,21 +52,18 @@ def test_a_broker_outage_fails_the_queries_and_the_job_restarts_them(tmp_path, r
     assert report.kafka_lines and report.kafka_lines[0].endswith(" 0 missing"), report.kafka_lines
 
 
-def test_unwritable_alerts_storage_fails_the_committer_and_a_restart_commits_its_outbox(tmp_path, request):
+def test_unwritable_alerts_storage_then_a_concurrent_writer_cost_no_alert(tmp_path, request):
+    """One job through both (a job's start and a backtest less than a test each): the alerts table's storage made
+    unwritable fails the committer and a restart commits its outbox; then another process appends to and compacts
+    `alerts` while the job writes to it."""
     demo = _demo(tmp_path).prepare()
     faults = Faults(demo, outage_s=OUTAGE_S)
-    lines = faults.run(("storage",))
-    assert "the job failed" in lines[0] and "Operation not permitted" in lines[0], lines
+    storage, writer = faults.run(("storage", "writer"))
+    assert "the job failed" in storage and "Operation not permitted" in storage, storage
     assert faults.restarts() >= 1, demo.log_tail(0, 80)
     outbox = os.path.join(demo.job_cfg.checkpoint("evaluate"), "outbox")
     assert not [n for n in os.listdir(outbox) if n.endswith(".done")]  # all committed once storage came back
-    _compare(demo, lines, request)
-
-
-def test_a_concurrent_writer_appending_and_compacting_alerts_costs_no_alert(tmp_path, request):
-    demo = _demo(tmp_path).prepare()
-    lines = Faults(demo).run(("writer",))
-    assert demo.foreign_rows >= 300, lines  # at least 6 appends of 50 rows, 3 compactions
-    report = _compare(demo, lines, request)
+    assert demo.foreign_rows >= 300, writer  # at least 6 appends of 50 rows, 3 compactions
+    report = _compare(demo, [storage, writer], request)
     n = demo.foreign_rows
     assert f"the other writer's rows in alerts: {n} appended, {n} found ({n} distinct)" in report.reconciliation
