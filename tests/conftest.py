@@ -53,6 +53,19 @@ def _session_settings_restored(request):
             conf.set(key, value)
 
 
+# The order in which pytest-xdist hands the test files out (`--dist loadfile`: a file to the next idle worker):
+# the slowest tiers first, the unit tier's many short files last, to fill a worker that ends before the other.
+TIER_ORDER = ("e2e", "integration", "dags", "unit")
+
+
+def pytest_collection_modifyitems(items):
+    def tier(item) -> int:
+        parts = Path(str(item.path)).relative_to(Path(__file__).parent).parts
+        return TIER_ORDER.index(parts[0]) if parts[0] in TIER_ORDER else len(TIER_ORDER)
+
+    items.sort(key=tier)  # stable: each file's tests stay in their order
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test still running (setup, call or teardown, the session's fixtures' at the end included) when faulthandler
