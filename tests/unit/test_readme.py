@@ -1,9 +1,14 @@
-"""The README's list of make targets is the Makefile's: every target a user can call is described."""
+"""The README's list of make targets is the Makefile's: every target a user can call is described, there and in
+`make help`."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,3 +27,12 @@ def readme_targets() -> set[str]:
 
 def test_every_make_target_is_in_the_readme_table():
     assert makefile_targets() == readme_targets()
+
+
+def test_make_help_lists_every_target_with_a_description():
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    rows = [line.split(maxsplit=2) for line in out.splitlines()]
+    assert all(len(row) == 3 and row[0] == "make" for row in rows), out
+    assert {row[1] for row in rows} == makefile_targets()
