@@ -53,8 +53,9 @@ def _session_settings_restored(request):
             conf.set(key, value)
 
 
-# The order in which pytest-xdist hands the test files out (`--dist loadfile`: a file to the next idle worker):
-# the slowest tiers first, the unit tier's many short files last, to fill a worker that ends before the other.
+# The order in which pytest-xdist hands the test files out (`make test`: `--dist loadfile --no-loadscope-reorder`,
+# a file to the next worker with less than two pending): the slowest tiers first, the unit tier's many short files
+# last, to fill a worker that ends before the other.
 TIER_ORDER = ("e2e", "integration", "dags", "unit")
 
 
