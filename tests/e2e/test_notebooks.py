@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 import json
 import re
+import select
 import shutil
+import socket
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -290,3 +292,45 @@ def test_05_backtest(run: Run):
     assert len(rule5) == 1 and rule5[0]["version"] == 2 and json.loads(rule5[0]["ruleJson"])["limit"] == "30000"
     history = [h for h in delta_read(run.table("rule_history")) if h["ruleId"] == 5]
     assert [h["updatedBy"] for h in sorted(history, key=lambda h: h["version"])] == ["notebook", "05_backtest"]
+
+
+def test_a_notebook_run_leaves_no_client_knocking_at_its_kernel_ports(tmp_path, monkeypatch):
+    """Once a notebook ran, nothing of this process connects to the gone kernel's ports. Its client's ZeroMQ sockets,
+    left open, reconnected to them ~40 times a second for the rest of the session; a Spark JVM's listener that got one
+    of those ephemeral ports next (for a Python worker to connect back) read ZeroMQ's greeting (0xFF 00 ...) as the
+    length of the worker's secret: NegativeArraySizeException in SocketAuthHelper.readUtf8, a test failed now and then
+    wherever a notebook test had run before it in the same worker."""
+    from jupyter_client.manager import KernelManager
+
+    ports: list[int] = []
+    start = KernelManager.start_kernel
+
+    def start_and_note_ports(km: KernelManager, **kwargs) -> None:
+        start(km, **kwargs)
+        ports.extend(km.ports)
+
+    monkeypatch.setattr(KernelManager, "start_kernel", start_and_note_ports)
+    notebook = tmp_path / "one_cell.ipynb"
+    notebook.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    notebooks_runner.execute(notebook, tmp_path / "executed")
+    assert len(ports) == 5  # shell, iopub, stdin, heartbeat, control
+    listeners = []
+    for port in ports:  # as a JVM's would, on each port the kernel had (one another process took meanwhile aside)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("127.0.0.1", port))
+        except OSError:
+            listener.close()
+            continue
+        listener.listen(1)
+        listeners.append(listener)
+    assert listeners
+    try:
+        time.sleep(1.0)  # a ZeroMQ socket retries every 100 ms
+        knocked, _, _ = select.select(listeners, [], [], 0)
+        lengths = [int.from_bytes(listener.accept()[0].recv(4), "big", signed=True) for listener in knocked]
+    finally:
+        for listener in listeners:
+            listener.close()
+    assert lengths == [], f"{len(lengths)} of the kernel's ports got a connection, read as lengths {lengths}"

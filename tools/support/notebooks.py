@@ -73,6 +73,12 @@ def execute(
             nbformat.write(nb, target)
             raise
         finally:
+            # nbclient stops its client's channels only when it owns the kernel manager: left open, their ZeroMQ
+            # sockets reconnect to the gone kernel's five ports ~40 times a second for the life of this process,
+            # and the first listener to get one of those ports (a Spark JVM's, waiting for its Python worker)
+            # reads ZeroMQ's greeting as a negative length (NegativeArraySizeException in SocketAuthHelper)
+            if ep.kc is not None:
+                ep.kc.stop_channels()
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
     nbformat.write(nb, target)
