@@ -1,7 +1,7 @@
-"""`dag.test()` of fraud_data_quality (target local) on the tables and state of a real backtest: passes, and Data
-Docs keep every run, each validation page naming its table and Delta version; `make dq` (tools/dq_local.py) prints
-the run's short summary and the offline page lists every run; on a copy corrupted one way per suite it fails naming
-each broken expectation (and the failure notifier records it)."""
+"""The data-quality DAG fraud_data_quality (target local) on the tables and state of a real backtest: run as `make dq`
+runs it (tools/dq_local.py: `airflow dags test`, then the run's short summary) it passes; run with `dag.test()` on a
+copy corrupted one way per suite it fails naming each broken expectation (and the failure notifier records it); Data
+Docs keep both runs, each validation page naming its table and Delta version, and the offline page lists them."""
 
 from __future__ import annotations
 
@@ -51,17 +51,30 @@ def _page_text(path: Path) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
-    out, log = dag_test("fraud_data_quality", {**CONF, "data_dir": str(backtest_data)})
-    assert out["state"] == "success", log[-6000:]
-    assert out["tasks"] == {
-        "route": "success",
-        "locate": "success",
-        "validate": "success",
-        "verdict": "success",
-        "run_on_databricks": "skipped",
-    }
-    result = out["xcom"]["verdict.return_value"]
+def test_quality_dag_passes_then_fails_naming_each_broken_expectation_and_data_docs_keep_every_run(
+    backtest_data, tmp_path
+):
+    """Two runs: as `make dq` runs it (`airflow dags test`, then the summary) on the backtest's tables, which pass;
+    then `dag.test()` on a copy corrupted one way per suite, which holds the first run's Data Docs and fails."""
+    passed = subprocess.run(
+        [str(JOB_PYTHON), "-m", "tools.dq_local", "--data-dir", str(backtest_data), "--conf", json.dumps(CONF)],
+        cwd=str(REPO),
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-3000:]
+    lines = passed.stdout.splitlines()
+    assert re.fullmatch(r"data quality passed: \d+ expectations on 9 tables and states \(run \w+\)", lines[1]), lines
+    read = {line.split()[0]: line.split(maxsplit=1)[1] for line in lines[2:11]}
+    assert set(read) == SUITES and re.match(r"Delta version \d+ +\d+ passed$", read["alerts"]), read
+    assert re.match(r"batch \d+ +\d+ passed$", read["window_state"]), read
+    docs = backtest_data / "dq" / "docs"
+    assert f"recent runs, readable offline: {docs / 'summary.html'}" in lines and len(lines) == 14, lines
+    assert passed.stderr == "" and "Traceback" not in passed.stdout and "\x1b[" not in passed.stdout
+    result = json.loads(Path(lines[-1].removeprefix("report: ")).read_text())  # what the verdict task returned
     assert set(result["rows"]) == SUITES
     assert (
         result["rows"]["alerts"] > 0
@@ -75,54 +88,28 @@ def test_quality_dag_passes_and_data_docs_keep_every_run(backtest_data):
     assert re.fullmatch(
         rf"{backtest_data}/checkpoints/evaluate @ batch \d+ \(watermark \d+ ms\)", result["read"]["login_state"]
     )
-    assert re.search(r"^ +window_state +batch \d+ +\d+ passed$", log, re.M)  # the job environment's summary, in the log
-    assert "Traceback" not in log and "pendulum" not in log
-    docs = backtest_data / "dq" / "docs"
     assert result["docs_index"] == str(docs / "index.html")
+    log = Path(re.search(r"\(log: (.+)\)$", lines[0]).group(1)).read_text()  # Airflow's own output of the run
+    assert re.search(r"^ +window_state +batch \d+ +\d+ passed$", log, re.M)  # the job environment's summary
+    assert "Traceback" not in log and "pendulum" not in log
 
-    again = subprocess.run(  # a second run, as `make dq` runs it: `airflow dags test`, then the summary
-        [str(JOB_PYTHON), "-m", "tools.dq_local", "--data-dir", str(backtest_data), "--conf", json.dumps(CONF)],
-        cwd=str(REPO),
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    lines = again.stdout.splitlines()
-    assert re.fullmatch(r"data quality passed: \d+ expectations on 9 tables and states \(run \w+\)", lines[1]), lines
-    read = {line.split()[0]: line.split(maxsplit=1)[1] for line in lines[2:11]}
-    assert set(read) == SUITES and re.match(r"Delta version \d+ +\d+ passed$", read["alerts"]), read
-    assert re.match(r"batch \d+ +\d+ passed$", read["window_state"]), read
-    page = docs / "summary.html"
-    assert f"recent runs, readable offline: {page}" in lines and len(lines) == 14, lines
-    assert again.stderr == "" and "Traceback" not in again.stdout and "\x1b[" not in again.stdout
-    offline = page.read_text()
-    assert "<script" not in offline and "http" not in offline and offline.count("<h2>run ") == 2
-    links = re.findall(r'href="([^"]+)"', offline)
-    assert len(links) == 2 * len(SUITES) and all((docs / link).is_file() for link in links)
-    for suite in SUITES:  # one validation page per run, named by what it read
-        pages = sorted((docs / "validations" / suite).glob("*/*/*.html"))
-        assert len(pages) == 2, (suite, pages)
-    (page, _) = sorted((docs / "validations" / "alerts").glob("*/*/*.html"))
-    version = re.search(r"delta_version_(\d+)\.html$", page.name).group(1)
-    text = _page_text(page)
-    assert "Data asset: alerts" in text and f"delta_version {version}" in text and f"{tables}/alerts" in text
-    assert len(list((backtest_data / "dq" / "validations" / "alerts").rglob("*.json"))) == 2  # GX's results store
-
-
-def test_quality_dag_fails_naming_each_broken_expectation(backtest_data, tmp_path):
     corrupted = tmp_path / "corrupted"
     done = last_json(
         [str(JOB_PYTHON), "-m", "tests.support.dq_corrupt", str(backtest_data), str(corrupted)],
         cwd=str(REPO),
         env=job_env(),
     )
+    shutil.copytree(backtest_data / "dq", corrupted / "dq")  # the first run's results and Data Docs
     before = len(alerts())
     out, log = dag_test("fraud_data_quality", {**CONF, "data_dir": str(corrupted)})
     assert out["state"] == "failed"
-    assert out["tasks"]["validate"] == "success" and out["tasks"]["verdict"] == "failed"  # failed, not up_for_retry
+    assert out["tasks"] == {  # failed, not up_for_retry; the local target's route
+        "route": "success",
+        "locate": "success",
+        "validate": "success",
+        "verdict": "failed",
+        "run_on_databricks": "skipped",
+    }
     expected = {  # every suite, each for the invariant its corruption breaks (tests/support/dq_corrupt.py)
         "transactions: expect_column_values_to_be_unique(transactionId)",
         "logins: expect_compound_columns_to_be_unique(srcName, srcPos)",
@@ -154,3 +141,17 @@ def test_quality_dag_fails_naming_each_broken_expectation(backtest_data, tmp_pat
     recorded = alerts()[before:]
     assert [(a["dag_id"], a["task_id"]) for a in recorded] == [("fraud_data_quality", "verdict")]
     assert "data quality FAILED" in recorded[0]["error"]
+
+    docs = corrupted / "dq" / "docs"  # every run kept: the passed one and the failed one
+    offline = (docs / "summary.html").read_text()
+    assert "<script" not in offline and "http" not in offline and offline.count("<h2>run ") == 2
+    links = re.findall(r'href="([^"]+)"', offline)
+    assert len(links) == 2 * len(SUITES) and all((docs / link).is_file() for link in links)
+    for suite in SUITES:  # one validation page per run, named by what it read
+        pages = sorted((docs / "validations" / suite).glob("*/*/*.html"))
+        assert len(pages) == 2, (suite, pages)
+    texts = [_page_text(page) for page in sorted((docs / "validations" / "alerts").glob("*/*/*.html"))]
+    for folder in (backtest_data, corrupted):
+        (text,) = [t for t in texts if f"{folder}/tables/alerts" in t]
+        assert "Data asset: alerts" in text and re.search(r"delta_version \d+", text), text[:500]
+    assert len(list((corrupted / "dq" / "validations" / "alerts").rglob("*.json"))) == 2  # GX's results store
