@@ -47,40 +47,10 @@ def assert_quiet(res: subprocess.CompletedProcess) -> None:
 
 
 @pytest.mark.e2e
-def test_backtest_as_written_is_quiet_and_matches_the_reference(tmp_path):
-    res = fraudrules(
-        "backtest",
-        "--transactions",
-        str(FIXTURES / "transactions.jsonl"),
-        "--rules",
-        str(FIXTURES / "rules.json"),
-        "--out",
-        "alerts.jsonl",
-        cwd=tmp_path,
-    )
-    assert_quiet(res)
-    lines = res.stdout.splitlines()
-    assert lines[0] == "transactions: 2,000 valid, logins: 0 valid, 0 quarantined, 0 late"
-    assert lines[-1] == "wrote 4,478 alerts to alerts.jsonl"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl"]  # its temporary tables are gone
-    alerts = {
-        (a["ruleId"], a["transactionId"]): a
-        for a in (json.loads(x, parse_float=Decimal) for x in (tmp_path / "alerts.jsonl").read_text().splitlines())
-    }
-    txs = [json.loads(line) for line in (FIXTURES / "transactions.jsonl").read_text().splitlines()]
-    expected, _ = reference.run([txs], [load_rules_file(str(FIXTURES / "rules.json"))], 60_000)
-    assert set(alerts) == set(expected) and len(expected) > 50
-    for k, agg in expected.items():
-        assert abs(Fraction(str(alerts[k]["aggregate"])) - agg) <= Fraction(1, 10**18)
-    assert {a["ruleId"] for a in alerts.values()} >= {1, 2, 3, 4, 6, 7}
-    assert all(isinstance(a["key"], dict) for a in alerts.values())
-    assert all(a["eventTime"].endswith("Z") for a in alerts.values())
-
-
-@pytest.mark.e2e
-def test_a_backtest_says_what_it_quarantined_and_where(tmp_path):
-    """Each quarantined record with its reason, file and line (from 1, as an editor counts): counted per reason and
-    the first ones printed, all of them beside the alerts (the backtest's temporary tables are gone)."""
+def test_backtest_as_written_is_quiet_matches_the_reference_and_says_what_it_quarantined(tmp_path):
+    """A folder of transactions, the fixture's and one bad record per reason: the alerts equal the reference's, and
+    each quarantined record is counted per reason, the first ones printed with their file and line (from 1, as an
+    editor counts), all of them beside the alerts; the backtest's temporary tables are gone."""
     (tmp_path / "in").mkdir()
     shutil.copy(FIXTURES / "transactions.jsonl", tmp_path / "in" / "a.jsonl")
     bad = bad_records()  # one per reason
@@ -96,19 +66,33 @@ def test_a_backtest_says_what_it_quarantined_and_where(tmp_path):
         cwd=tmp_path,
     )
     assert_quiet(res)
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"transactions: 2,000 valid, logins: 0 valid, {len(bad)} quarantined, 0 late"
+    assert lines[-1] == "wrote 4,478 alerts to alerts.jsonl"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl", "alerts.quarantine.jsonl", "in"]
+    alerts = {
+        (a["ruleId"], a["transactionId"]): a
+        for a in (json.loads(x, parse_float=Decimal) for x in (tmp_path / "alerts.jsonl").read_text().splitlines())
+    }
+    txs = [json.loads(line) for line in (FIXTURES / "transactions.jsonl").read_text().splitlines()]
+    expected, _ = reference.run([txs], [load_rules_file(str(FIXTURES / "rules.json"))], 60_000)
+    assert set(alerts) == set(expected) and len(expected) > 50
+    for k, agg in expected.items():
+        assert abs(Fraction(str(alerts[k]["aggregate"])) - agg) <= Fraction(1, 10**18)
+    assert {a["ruleId"] for a in alerts.values()} >= {1, 2, 3, 4, 6, 7}
+    assert all(isinstance(a["key"], dict) for a in alerts.values())
+    assert all(a["eventTime"].endswith("Z") for a in alerts.values())
+
     rows = [json.loads(line) for line in (tmp_path / "alerts.quarantine.jsonl").read_text().splitlines()]
     assert sorted(r["reason"] for r in rows) == sorted(ingest.reasons())
     assert [r["srcPos"] for r in rows] == list(range(1, len(bad) + 1))
     assert [r["raw"] for r in rows] == [b.decode("utf-8", "backslashreplace") for b in bad]  # line srcPos of the file
-    lines = res.stdout.splitlines()
-    assert lines[0] == f"transactions: 2,000 valid, logins: 0 valid, {len(bad)} quarantined, 0 late"
     at = lines.index(
         f"quarantined: {len(bad)} records, all in alerts.quarantine.jsonl (kind, reason, srcName, srcPos, raw)"
     )
     assert lines[at + 1 : at + 1 + len(bad)] == [f"  1 × {r['reason']}" for r in rows]  # each reason once
     shown = lines[at + 1 + len(bad) : at + 6 + len(bad)]
     assert shown == [f"  {tmp_path}/in/bad.jsonl line {r['srcPos']}: {r['reason']}" for r in rows[:5]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl", "alerts.quarantine.jsonl", "in"]
 
 
 @pytest.mark.e2e

@@ -92,11 +92,12 @@ def test_a_writer_without_compaction_keeps_every_file(spark, made):  # noqa: F81
 
 
 def test_maintenance_while_the_job_writes(spark, made):  # noqa: F811
-    """Maintenance passes while a committer appends 20 micro-batches to `alerts` and an ingest query appends to bronze
+    """Maintenance passes while a committer appends 8 micro-batches to `alerts` and an ingest query appends to bronze
     and expires its old rows as the job does: the 50 old rows are deleted, every new row is in its table exactly
     once, neither writer failed, and the small files are merged."""
     writer, cfg = made
     cfg = cfg.with_(compact_min_files=0, bronze_retention_days=30)
+    batches = 8  # each maintenance pass overlaps several appends to both tables
     writer = type(writer)(spark, cfg)
     tables.ensure(spark, cfg, "alerts", "transactions")
     writer.append("transactions", bronze_rows(0, 50, NOW - timedelta(days=40)), tables.Txn("ingest:old", 0))
@@ -105,7 +106,7 @@ def test_maintenance_while_the_job_writes(spark, made):  # noqa: F811
 
     def write() -> None:
         try:
-            for batch in range(20):
+            for batch in range(batches):
                 txn = tables.Txn("evaluate:q", batch)
                 writer.append("alerts", alert_rows(batch), txn)
                 writer.append("transactions", bronze_rows(1_000 + batch * 10, 10, datetime.now(timezone.utc)), txn)
@@ -125,9 +126,9 @@ def test_maintenance_while_the_job_writes(spark, made):  # noqa: F811
     reports += maintenance.maintain(spark, cfg, ("alerts", "transactions"))
     assert errors == []
     assert expired == [50]
-    assert sorted(alert_ids(writer)) == sorted(f"{b}:{i}" for b in range(20) for i in range(3))
+    assert sorted(alert_ids(writer)) == sorted(f"{b}:{i}" for b in range(batches) for i in range(3))
     bronze = writer.arrow("transactions", ["transactionId"]).column("transactionId").to_pylist()
-    assert sorted(bronze) == list(range(1_000, 1_200))
+    assert sorted(bronze) == list(range(1_000, 1_000 + batches * 10))
     assert [r.after.files for r in reports[-2:]] == [1, 1]  # each table's small files merged into one
 
 
