@@ -131,7 +131,7 @@ def _maintain_rs(cfg: JobConfig, name: str) -> Report:
     path = cfg.table(name)
     table = RustTable(path)
     before = _shape_rs(table, path)
-    _set_properties_rs(table, log_properties(cfg))
+    _retrying(lambda: _set_properties_rs(RustTable(path), log_properties(cfg)), tables.rs_conflicts())
     _retrying(lambda: tables.compact_rs(RustTable(path)), tables.rs_conflicts())
     table = RustTable(path)
     vacuumed = table.vacuum(
@@ -163,7 +163,8 @@ def _log_entries(log: str) -> int | None:
 
 
 def _set_properties_rs(table: RustTable, properties: dict[str, str]) -> None:
-    """Only when they differ: a metadata commit conflicts with the appends made meanwhile (they retry)."""
+    """Only when they differ: a metadata commit conflicts with the job's commits made meanwhile (its appends retry;
+    this commit is retried by the caller: delta-rs refuses it after a concurrent delete, a bronze expiry's)."""
     current = table.metadata().configuration
     if any(current.get(k) != v for k, v in properties.items()):
         table.alter.set_table_properties(properties, raise_if_not_exists=False)
@@ -189,7 +190,7 @@ def _maintain_spark(spark: SparkSession, cfg: JobConfig, name: str) -> Report:
     started = time.monotonic()
     table = tables.delta(spark, cfg, name)
     before = _shape_spark(spark, cfg, name)
-    _set_properties_spark(spark, cfg, name, log_properties(cfg))
+    _retrying(lambda: _set_properties_spark(spark, cfg, name, log_properties(cfg)), tables.delta_conflicts())
     _retrying(lambda: table.optimize().executeCompaction(), tables.delta_conflicts())
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", str(cfg.retention_hours >= HOURS_CHECKED))
     spark.conf.set("spark.databricks.delta.vacuum.logging.enabled", "true")  # its count of deleted files
