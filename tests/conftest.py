@@ -17,6 +17,10 @@ os.environ.setdefault("PYSPARK_PYTHON", VENV_PYTHON)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", VENV_PYTHON)
 # The repository's jars (what the Makefile exports), also for `pytest` run from elsewhere or without make.
 os.environ.setdefault("FRAUDRULES_JARS", str(Path(__file__).resolve().parents[1] / ".jars" / "spark"))
+# Every JVM the tests start (sessions, jobs, commands, notebooks, DAG tasks) with the C1-only JIT: they live seconds
+# to minutes, and C2's compilations took CPU the suite waits for on 2 cores (local_runtime.JIT_ENV). The benchmarks
+# run the JVMs as users get them.
+os.environ.setdefault("FRAUDRULES_JIT", "c1")
 
 
 CATALOG_SCHEMA = "fraudrules_tests"

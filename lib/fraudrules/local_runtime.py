@@ -29,6 +29,10 @@ LOCAL_FS = "io.fraudrules.hadoop.NoForkLocalFileSystem"
 LOCAL_FS_JAR = os.path.join("driver", "fraudrules-localfs.jar")
 CLASS_ARCHIVE = "fraudrules.jsa"  # the JVM's class-data archive, in the jars folder (`make setup` writes it)
 TRAIN_ENV = "FRAUDRULES_CLASS_ARCHIVE_TRAINING"  # set: this JVM writes the archive of the classes it loaded
+# The local JVM's JIT, whatever the session: "c1" (C1 only) or "tiered". The test suite sets "c1": its JVMs, the
+# continuous jobs' included, live seconds to minutes, and the tiered JIT's C2 compilations were CPU their tests
+# waited for on 2 cores. Unset: C1 only for short-lived sessions, unless they ask for the tiered JIT.
+JIT_ENV = "FRAUDRULES_JIT"
 # The JVM's own warnings go to stderr (unified logging writes them to stdout, where command output goes);
 # the class-data archive's notices are off (a JVM that cannot map the archive just loads its classes).
 JVM_LOGGING = ("-Xlog:disable", "-Xlog:all=warning:stderr", "-Xlog:cds*=off:stderr")
@@ -123,8 +127,19 @@ def jvm_options(
         options.append(f"-XX:ArchiveClassesAtExit={archive}")
     elif archive and os.path.exists(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
+    if c1_only(short_lived, tiered_jit):
+        options.extend(C1_ONLY)
     if short_lived:
-        options.extend(SHORT_LIVED_GC if tiered_jit else (*C1_ONLY, *SHORT_LIVED_GC))
+        options.extend(SHORT_LIVED_GC)
     if fixed_heap:
         options.extend((f"-Xms{fixed_heap}", *FIXED_HEAP))
     return " ".join(options)
+
+
+def c1_only(short_lived: bool, tiered_jit: bool) -> bool:
+    """Whether the local JVM gets the C1-only JIT: as `JIT_ENV` says, else a short-lived session's unless it asked
+    for the tiered JIT."""
+    choice = os.environ.get(JIT_ENV, "")
+    if choice not in ("", "c1", "tiered"):
+        raise ValueError(f"{JIT_ENV}={choice!r}: c1 or tiered (or unset)")
+    return choice == "c1" or (not choice and short_lived and not tiered_jit)

@@ -18,16 +18,18 @@ def final_flags(options: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("short_lived", [False, True])
-def test_the_jit_keeps_a_full_size_code_cache(short_lived):
+def test_the_jit_keeps_a_full_size_code_cache(short_lived, monkeypatch):
     """C1 alone defaults to a 48 MiB code cache, which a backtest fills (the JVM then stops compiling and
     prints a warning on stdout): short-lived sessions keep the tiered JIT's 240 MiB."""
+    monkeypatch.delenv(local_runtime.JIT_ENV, raising=False)
     flags = final_flags(local_runtime.jvm_options(short_lived))
     assert flags["TieredStopAtLevel"] == ("1" if short_lived else "4")
     assert int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
 
 
-def test_a_short_lived_session_that_runs_long_keeps_the_tiered_jit_and_the_small_heap():
+def test_a_short_lived_session_that_runs_long_keeps_the_tiered_jit_and_the_small_heap(monkeypatch):
     """A backtest of a large input (`backtest.long_running`): the tiered JIT pays off, the heap stays a command's."""
+    monkeypatch.delenv(local_runtime.JIT_ENV, raising=False)
     flags = final_flags(local_runtime.jvm_options(short_lived=True, tiered_jit=True))
     assert flags["TieredStopAtLevel"] == "4"
     assert (flags["UseSerialGC"], flags["UseG1GC"]) == ("true", "false")
@@ -45,6 +47,17 @@ def test_short_lived_sessions_keep_a_small_heap_committed_as_used(short_lived, m
     assert local_runtime.driver_memory(short_lived, local_runtime.QUALITY_HEAP) == "2g"  # a session that needs more
     monkeypatch.setenv(local_runtime.DRIVER_MEMORY_ENV, "1g")
     assert local_runtime.driver_memory(short_lived) == local_runtime.driver_memory(short_lived, "2g") == "1g"
+
+
+@pytest.mark.parametrize(("choice", "short_lived", "level"), [("c1", False, "1"), ("tiered", True, "4")])
+def test_the_jit_environment_variable_chooses_for_every_session(choice, short_lived, level, monkeypatch):
+    """FRAUDRULES_JIT (the test suite sets c1) overrides the session's own choice, and names what it takes."""
+    monkeypatch.setenv(local_runtime.JIT_ENV, choice)
+    flags = final_flags(local_runtime.jvm_options(short_lived, tiered_jit=True))
+    assert flags["TieredStopAtLevel"] == level and int(flags["ReservedCodeCacheSize"]) >= 240 * 2**20
+    monkeypatch.setenv(local_runtime.JIT_ENV, "C2")
+    with pytest.raises(ValueError, match="FRAUDRULES_JIT='C2': c1 or tiered"):
+        local_runtime.jvm_options(short_lived)
 
 
 def test_only_the_continuous_job_commits_its_heap_at_launch():
