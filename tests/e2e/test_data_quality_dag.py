@@ -150,8 +150,9 @@ def test_quality_dag_passes_then_fails_naming_each_broken_expectation_and_data_d
     for suite in SUITES:  # one validation page per run, named by what it read
         pages = sorted((docs / "validations" / suite).glob("*/*/*.html"))
         assert len(pages) == 2, (suite, pages)
-    texts = [_page_text(page) for page in sorted((docs / "validations" / "alerts").glob("*/*/*.html"))]
-    for folder in (backtest_data, corrupted):
-        (text,) = [t for t in texts if f"{folder}/tables/alerts" in t]
-        assert "Data asset: alerts" in text and re.search(r"delta_version \d+", text), text[:500]
+    pages = {page: _page_text(page) for page in (docs / "validations" / "alerts").glob("*/*/*.html")}
+    for folder in (backtest_data, corrupted):  # each run's page names the table it read and its Delta version
+        ((page, text),) = [(page, text) for page, text in pages.items() if f"{folder}/tables/alerts" in text]
+        version = re.search(r"delta_version_(\d+)\.html$", page.name).group(1)
+        assert "Data asset: alerts" in text and f"delta_version {version}" in text, text[:500]
     assert len(list((corrupted / "dq" / "validations" / "alerts").rglob("*.json"))) == 2  # GX's results store
